@@ -1,0 +1,124 @@
+"""Chunk-size arithmetic: what LMCache can store and serve for a prompt, and which chunk size a server settles on.
+
+Pure functions over integers. LMCache stores only whole chunks, so the tail of every prompt is recomputed; for hybrid
+(Mamba / linear-attention) models vLLM also reserves the last prompt token for the logits (strict-prefix lookup), so a
+prompt of L tokens can be served for at most floor((L-1)/C)*C tokens. The seeds' numbers are the tests: 5040 tokens at
+C = 1024 -> 4096, at C = 256 -> 4864; 8507 tokens at C = 1152 with the strict-prefix rule -> 8064.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from glm53.errors import Glm53Error
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """How much of one prompt LMCache can serve at a given chunk size."""
+
+    prompt_tokens: int
+    chunk_size: int
+    strict_prefix: bool
+    served_tokens: int
+
+    @property
+    def share(self) -> float:
+        return self.served_tokens / self.prompt_tokens
+
+    @property
+    def recomputed_tokens(self) -> int:
+        return self.prompt_tokens - self.served_tokens
+
+
+def require_positive(value: int, what: str) -> int:
+    """`value` if it is a positive integer, else a one-line error naming `what`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise Glm53Error(f"{what} must be a positive integer, got {value!r}")
+    return value
+
+
+def served_tokens(prompt_tokens: int, chunk_size: int, strict_prefix: bool) -> int:
+    """Tokens of an L-token prompt that LMCache can serve: whole chunks, minus the reserved last token if strict."""
+    require_positive(prompt_tokens, "prompt length")
+    require_positive(chunk_size, "chunk size")
+    lookup_tokens = prompt_tokens - 1 if strict_prefix else prompt_tokens
+    return (lookup_tokens // chunk_size) * chunk_size
+
+
+def coverage(prompt_tokens: int, chunk_size: int, strict_prefix: bool = False) -> Coverage:
+    return Coverage(prompt_tokens, chunk_size, strict_prefix, served_tokens(prompt_tokens, chunk_size, strict_prefix))
+
+
+def validate_groups(groups: Sequence[int]) -> tuple[int, ...]:
+    """The groups' tokens_per_block, checked: at least one positive value, none negative (0 marks a scratch group)."""
+    if not groups:
+        raise Glm53Error("groups must list at least one tokens_per_block value, e.g. 1152,1152,1152,1152,1152,0")
+    for value in groups:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise Glm53Error(f"tokens_per_block values must be non-negative integers, got {value!r}")
+    if not any(groups):
+        raise Glm53Error("every group has tokens_per_block 0 (all scratch); there is nothing LMCache could cache")
+    return tuple(groups)
+
+
+def required_alignment(groups: Sequence[int]) -> int:
+    """The least common multiple of the positive tokens_per_block values: what every chunk size must be a multiple of.
+
+    This is also the connector's `scheduler_block_size`; scratch groups (0) do not constrain it.
+    """
+    return math.lcm(*(g for g in validate_groups(groups) if g > 0))
+
+
+def negotiate_chunk_size(configured_min: int, groups: Sequence[int]) -> int:
+    """The chunk size a negotiating LMCache server settles on: the smallest multiple of the alignment >= the minimum."""
+    require_positive(configured_min, "configured minimum chunk size")
+    alignment = required_alignment(groups)
+    return math.ceil(configured_min / alignment) * alignment
+
+
+def is_valid_chunk_size(chunk_size: int, groups: Sequence[int]) -> bool:
+    """True when `chunk_size` is a positive multiple of every positive group block size."""
+    return chunk_size > 0 and chunk_size % required_alignment(groups) == 0
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """One candidate chunk size and the share of all prompt tokens it would serve over a workload."""
+
+    chunk_size: int
+    served_tokens: int
+    total_tokens: int
+    prompts_with_hit: int
+    prompts: int
+
+    @property
+    def served_share(self) -> float:
+        return self.served_tokens / self.total_tokens
+
+
+def candidate_chunk_sizes(groups: Sequence[int], longest_prompt: int, limit: int = 16) -> list[int]:
+    """Multiples of the alignment up to the longest prompt (at most `limit` of them, at least one)."""
+    alignment = required_alignment(groups)
+    count = max(1, min(limit, longest_prompt // alignment))
+    return [alignment * k for k in range(1, count + 1)]
+
+
+def recommend(
+    prompt_lengths: Iterable[int], groups: Sequence[int], strict_prefix: bool, limit: int = 16
+) -> list[Recommendation]:
+    """Every valid chunk size ranked by the share of prompt tokens it serves over the workload, best first.
+
+    Ties go to the smaller chunk: it wastes less of each prompt's tail and stores finer-grained entries.
+    """
+    lengths = [require_positive(length, "prompt length") for length in prompt_lengths]
+    if not lengths:
+        raise Glm53Error("the prompt-length distribution is empty; give at least one prompt length")
+    total = sum(lengths)
+    results = []
+    for chunk in candidate_chunk_sizes(groups, max(lengths), limit):
+        served = [served_tokens(length, chunk, strict_prefix) for length in lengths]
+        results.append(Recommendation(chunk, sum(served), total, sum(1 for s in served if s > 0), len(lengths)))
+    return sorted(results, key=lambda r: (-r.served_tokens, r.chunk_size))

@@ -1,0 +1,235 @@
+"""Recognise the start-up lines of vLLM and the LMCache server inside real, decorated log output.
+
+Pure functions over text: no file access, no clock. vLLM prefixes every line with a process tag, a level and a
+timestamp (`(Worker_TP3 pid=812) INFO 11-29 07:00:01 [file.py:668] ...`), TP workers repeat lines once per rank, and
+anything else may be interleaved, so each pattern is searched for anywhere in the line and the decoration is parsed
+separately. Garbage, replacement characters from binary bytes, half-written lines and absurd numbers yield either no
+record or a `MalformedLine`; they never raise.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+# Numbers beyond this are not block or chunk sizes; a line carrying one is reported as malformed rather than trusted.
+MAX_SANE_TOKENS = 1 << 24
+
+
+@dataclass(frozen=True)
+class LineOrigin:
+    """Who logged a line, as far as the decoration tells: `(Worker_TP3 pid=812)` gives process, pid and TP rank."""
+
+    process: str | None = None
+    pid: int | None = None
+    rank: int | None = None
+
+    @property
+    def label(self) -> str:
+        if self.process is None:
+            return "unknown process"
+        return self.process if self.pid is None else f"{self.process} pid={self.pid}"
+
+
+@dataclass(frozen=True)
+class AttentionBlockSize:
+    """vLLM: `Setting attention block size to N tokens ...`, the unified block size N of a hybrid model."""
+
+    tokens: int
+    origin: LineOrigin
+
+
+@dataclass(frozen=True)
+class NegotiatedChunk:
+    """LMCache server: `Negotiated LMCache MP chunk size to R (configured_min=M, required_alignment=A)`.
+
+    Upstream logs it only when negotiation changed the size, so its absence means "configured size kept".
+    """
+
+    resolved: int
+    configured_min: int
+    alignment: int
+    origin: LineOrigin
+
+
+@dataclass(frozen=True)
+class ResolvedGeometry:
+    """Connector: `Resolved LMCache MP geometry: group_tokens_per_block=[...], scheduler_block_size=S, ...`.
+
+    `scheduler_block_size` is None when the line was cut short (the seed prints it with a trailing `...`).
+    """
+
+    group_tokens_per_block: tuple[int, ...]
+    scheduler_block_size: int | None
+    cache_model_name: str | None
+    origin: LineOrigin
+
+
+@dataclass(frozen=True)
+class ChunkSizeRejected:
+    """Connector start-up failure: `LMCache chunk size C must be a multiple of ... R ...` (released 0.5.6 wording)."""
+
+    chunk_size: int
+    required_multiple: int
+    origin: LineOrigin
+
+
+@dataclass(frozen=True)
+class ServerUnreachable:
+    """Connector: `Cannot reach the LMCache MP server at 'URL' within Ts.`"""
+
+    url: str
+    origin: LineOrigin
+
+
+@dataclass(frozen=True)
+class EngineDied:
+    """vLLM's engine core failed or died; `reason` is the recognised phrase."""
+
+    reason: str
+    origin: LineOrigin
+
+
+@dataclass(frozen=True)
+class MalformedLine:
+    """A line that names one of the facts above but whose values cannot be trusted (cut, garbled or absurd)."""
+
+    kind: str
+    text: str
+    origin: LineOrigin
+
+
+Record = (
+    AttentionBlockSize
+    | NegotiatedChunk
+    | ResolvedGeometry
+    | ChunkSizeRejected
+    | ServerUnreachable
+    | EngineDied
+    | MalformedLine
+)
+
+_ORIGIN = re.compile(r"\((?P<process>[A-Za-z][\w.-]{0,63})(?:\s+pid=(?P<pid>\d{1,10}))?\)")
+_RANK = re.compile(r"(?:TP|_rank|Rank)(?P<rank>\d{1,5})$")
+
+# Variants seen upstream: vLLM's generic hybrid wording, a GLM-5-specific one and platform prefixes such as `[XPU]`;
+# all say "attention block size to N tokens", which is what we anchor on, tolerating whatever follows.
+_BLOCK_SIZE = re.compile(r"[Ss]etting attention block size to (?P<n>\S+) tokens")
+_BLOCK_SIZE_HINT = "attention block size to"
+
+_NEGOTIATED = re.compile(
+    r"Negotiated LMCache MP chunk size to (?P<resolved>\S+?) \(configured_min=(?P<min>[^,\s]+), "
+    r"required_alignment=(?P<align>[^)\s]+)\)"
+)
+_NEGOTIATED_HINT = "Negotiated LMCache MP chunk size"
+
+_GEOMETRY = re.compile(
+    r"Resolved LMCache MP geometry: group_tokens_per_block=\[(?P<groups>[^\]]*)\]"
+    r"(?:,\s*scheduler_block_size=(?P<sched>[^,\s]+))?"
+    r"(?:,\s*cache_model_name=(?P<model>\S+))?"
+)
+_GEOMETRY_HINT = "Resolved LMCache MP geometry"
+
+_CHUNK_REJECTED = re.compile(
+    r"LMCache chunk size (?P<chunk>\d{1,12}) must be a\s+multiple of (?:engine group \d+ tokens_per_block )?"
+    r"(?P<required>\d{1,12})"
+)
+_UNREACHABLE = re.compile(r"Cannot reach the LMCache MP server at '(?P<url>[^']*)'")
+
+_ENGINE_DEATH_PHRASES = (
+    "EngineCore failed to start",
+    "Engine core initialization failed",
+    "EngineDeadError",
+    "died unexpectedly",
+)
+
+
+def parse_origin(line: str) -> LineOrigin:
+    """The process tag a vLLM line starts with, if any: `(APIServer pid=1)`, `(Worker_TP3 pid=812)`."""
+    match = _ORIGIN.search(line[:200])
+    if match is None:
+        return LineOrigin()
+    process = match.group("process")
+    pid = int(match.group("pid")) if match.group("pid") else None
+    rank_match = _RANK.search(process)
+    rank = int(rank_match.group("rank")) if rank_match else None
+    return LineOrigin(process=process, pid=pid, rank=rank)
+
+
+def _sane_int(text: str | None) -> int | None:
+    """A non-negative integer of plausible size, or None for anything else (garbage, floats, absurd values)."""
+    if text is None or not text.isdigit() or not text.isascii() or len(text) > 9:
+        return None
+    value = int(text)
+    return value if value <= MAX_SANE_TOKENS else None
+
+
+def _parse_group_list(text: str) -> tuple[int, ...] | None:
+    items = [item.strip() for item in text.split(",")]
+    values = tuple(_sane_int(item) for item in items)
+    if not items or any(v is None for v in values):
+        return None
+    return tuple(v for v in values if v is not None)
+
+
+def _parse_geometry(line: str, origin: LineOrigin) -> Record:
+    match = _GEOMETRY.search(line)
+    groups = _parse_group_list(match.group("groups")) if match else None
+    if match is None or groups is None:
+        return MalformedLine("geometry", line.strip(), origin)
+    sched_text = match.group("sched")
+    scheduler_block_size = _sane_int(sched_text)
+    cut_short = sched_text is None or sched_text.startswith("...")
+    if scheduler_block_size is None and not cut_short:
+        return MalformedLine("geometry", line.strip(), origin)
+    model = match.group("model")
+    return ResolvedGeometry(groups, scheduler_block_size, model.rstrip(".,") if model else None, origin)
+
+
+def _parse_negotiated(line: str, origin: LineOrigin) -> Record:
+    match = _NEGOTIATED.search(line)
+    if match is None:
+        return MalformedLine("negotiated chunk", line.strip(), origin)
+    values = [_sane_int(match.group(name)) for name in ("resolved", "min", "align")]
+    resolved, configured_min, alignment = values
+    if resolved is None or configured_min is None or alignment is None:
+        return MalformedLine("negotiated chunk", line.strip(), origin)
+    return NegotiatedChunk(resolved, configured_min, alignment, origin)
+
+
+def _parse_block_size(line: str, origin: LineOrigin) -> Record:
+    match = _BLOCK_SIZE.search(line)
+    tokens = _sane_int(match.group("n")) if match else None
+    if tokens is None:
+        return MalformedLine("attention block size", line.strip(), origin)
+    return AttentionBlockSize(tokens, origin)
+
+
+def parse_line(line: str) -> Record | None:
+    """The record one log line carries, or None when it carries none of the facts the deployment checks."""
+    if _GEOMETRY_HINT in line:
+        return _parse_geometry(line, parse_origin(line))
+    if _NEGOTIATED_HINT in line:
+        return _parse_negotiated(line, parse_origin(line))
+    if _BLOCK_SIZE_HINT in line:
+        return _parse_block_size(line, parse_origin(line))
+    if "LMCache chunk size" in line and (match := _CHUNK_REJECTED.search(line)):
+        chunk, required = _sane_int(match.group("chunk")), _sane_int(match.group("required"))
+        if chunk is None or required is None:
+            return MalformedLine("chunk size error", line.strip(), parse_origin(line))
+        return ChunkSizeRejected(chunk, required, parse_origin(line))
+    if "Cannot reach the LMCache MP server" in line and (match := _UNREACHABLE.search(line)):
+        return ServerUnreachable(match.group("url"), parse_origin(line))
+    for phrase in _ENGINE_DEATH_PHRASES:
+        if phrase in line:
+            return EngineDied(phrase, parse_origin(line))
+    return None
+
+
+def parse_lines(lines: Iterable[str]) -> Iterator[Record]:
+    """Every record in `lines`, in order; lines that carry none are skipped."""
+    for line in lines:
+        record = parse_line(line)
+        if record is not None:
+            yield record

@@ -1,0 +1,193 @@
+"""The model profiles: every fact about a GLM-5.3 model that the probe, the Helm chart and the docs rely on.
+
+This table is the single source of truth. The chart reads a generated copy (`charts/glm53/files/profiles.json`, written
+by `glm53 profiles --json`) and a test proves the two agree, so a fact changed here cannot silently drift from what
+the chart deploys. Numbers come from the seed recipes (GLM-5.3-Flash: N = 1152 at TP 4; GLM-5.3: one group of 64).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from glm53.errors import Glm53Error
+
+# The group kinds a geometry line can carry, in the order the connector logs them for GLM-5.3-Flash.
+KDA_STATE = "kda_state"
+SPARSE_MLA_INDEXER = "sparse_mla_indexer"
+KPOOL_TAIL_SCRATCH = "kpool_tail_scratch"
+DSA_MLA = "dsa_mla"
+
+# LMCache's server default for --chunk-size (and the minimum a negotiating server rounds up from).
+LMCACHE_DEFAULT_CHUNK_SIZE = 256
+
+
+@dataclass(frozen=True)
+class CacheGroup:
+    """One KV-cache group as the LMCache connector reports it in `group_tokens_per_block=[...]`.
+
+    `tokens_per_block` is None when the group follows vLLM's unified attention block size N, which depends on the
+    tensor-parallel size; it is 0 for per-request scratch groups that are never prefix-cached (LMCache skips them).
+    """
+
+    kind: str
+    tokens_per_block: int | None
+    description: str
+
+    @property
+    def cacheable(self) -> bool:
+        return self.tokens_per_block != 0
+
+
+@dataclass(frozen=True)
+class ServingFlag:
+    """A vLLM or LMCache server flag the deployment passes, and why."""
+
+    flag: str
+    value: str | None
+    why: str
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """Everything the deployment needs to know about one model to serve it with LMCache and to check its geometry."""
+
+    name: str
+    model_id: str
+    display_name: str
+    architecture: str
+    num_layers: int
+    layer_mix: Mapping[str, int]
+    tensor_parallel_size: int
+    groups: tuple[CacheGroup, ...]
+    # vLLM's unified attention block size N per tensor-parallel size, only where it was measured ("Setting attention
+    # block size to N tokens"). Empty for models whose groups have a fixed block size.
+    unified_block_size_by_tp: Mapping[int, int]
+    # True for Mamba / linear-attention hybrids: vLLM reserves the last prompt token (strict-prefix lookup), so at most
+    # floor((L-1)/C)*C tokens of an L-token prompt can come from LMCache.
+    strict_prefix: bool
+    # The --chunk-size the deployment passes to the LMCache server by default, and the ones validated upstream.
+    recommended_chunk_size: int
+    validated_chunk_sizes: tuple[int, ...]
+    prefix_caching_required: bool
+    separate_object_groups_required: bool
+    kv_cache_dtype: str
+    fp8_kv_cache_hopper_ok: bool
+    batch_invariant_ok: bool
+    text_only_flag: ServingFlag
+    serving_extras: tuple[ServingFlag, ...]
+    mtp_speculative_tokens: int
+    mtp_validated_with_lmcache: bool
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def gpus(self) -> int:
+        """GPUs per replica: one vLLM pod runs the whole tensor-parallel group."""
+        return self.tensor_parallel_size
+
+    @property
+    def fixed_block_sizes(self) -> tuple[int, ...]:
+        """The positive block sizes that do not depend on N (e.g. GLM-5.3's 64)."""
+        return tuple(g.tokens_per_block for g in self.groups if g.tokens_per_block)
+
+    @property
+    def follows_unified_block_size(self) -> bool:
+        """True when some groups take vLLM's unified block size N (hybrid models)."""
+        return any(g.tokens_per_block is None for g in self.groups)
+
+    def unified_block_size(self, tensor_parallel_size: int) -> int | None:
+        """N measured for this TP size, or None where it was not measured (re-read it from vLLM's log)."""
+        return self.unified_block_size_by_tp.get(tensor_parallel_size)
+
+    def expected_groups(self, unified_block_size: int) -> tuple[int, ...]:
+        """The `group_tokens_per_block` list this model must report once N is known."""
+        return tuple(unified_block_size if g.tokens_per_block is None else g.tokens_per_block for g in self.groups)
+
+
+_FLASH = ModelProfile(
+    name="glm53-flash",
+    model_id="zai-org/GLM-5.3-Flash",
+    display_name="GLM-5.3-Flash",
+    architecture="Glm5NextForConditionalGeneration",
+    num_layers=45,
+    layer_mix=MappingProxyType({"kda_linear_attention": 34, "nope_sparse_mla": 11}),
+    tensor_parallel_size=4,
+    groups=(
+        *(
+            CacheGroup(KDA_STATE, None, f"KDA recurrent-state group {i} (one of four)")
+            for i in range(1, 5)
+        ),
+        CacheGroup(SPARSE_MLA_INDEXER, None, "sparse-MLA latent cache with the compressed indexer cache"),
+        CacheGroup(KPOOL_TAIL_SCRATCH, 0, "per-request kpool-tail scratch (KpoolTailSpec), never prefix-cached"),
+    ),
+    unified_block_size_by_tp=MappingProxyType({4: 1152}),
+    strict_prefix=True,
+    # The released LMCache 0.5.6 does not negotiate, so the deployment passes N explicitly at TP 4; a negotiating
+    # server reaches the same 1152 from its default minimum of 256.
+    recommended_chunk_size=1152,
+    validated_chunk_sizes=(1152,),
+    prefix_caching_required=True,
+    separate_object_groups_required=True,
+    kv_cache_dtype="auto",
+    fp8_kv_cache_hopper_ok=False,
+    batch_invariant_ok=False,
+    text_only_flag=ServingFlag(
+        "--limit-mm-per-prompt", '{"image":0,"video":0}', "text-only serving; LMCache validation covers text only"
+    ),
+    serving_extras=(
+        ServingFlag("--tokenizer-mode", "glm5_next", "GLM serving extra, orthogonal to LMCache"),
+        ServingFlag("--tool-call-parser", "glm47", "GLM serving extra, orthogonal to LMCache"),
+        ServingFlag("--reasoning-parser", "glm47", "GLM serving extra, orthogonal to LMCache"),
+    ),
+    mtp_speculative_tokens=5,
+    mtp_validated_with_lmcache=False,
+    notes=(
+        "N = 1152 was measured at TP 4 only; after changing --tensor-parallel-size re-read N from vLLM's log.",
+        "Keep the BF16 KV cache on Hopper: FP8 KV cache for this model is Blackwell-only.",
+        "VLLM_BATCH_INVARIANT=1 does not start: no sparse-MLA backend supports batch invariance.",
+        "Prompts shorter than 1152 tokens get no external hit; the last partial chunk is always recomputed.",
+    ),
+)
+
+_GLM53 = ModelProfile(
+    name="glm53",
+    model_id="zai-org/GLM-5.3",
+    display_name="GLM-5.3",
+    architecture="GlmMoeDsaForCausalLM",
+    num_layers=78,
+    layer_mix=MappingProxyType({"dsa_mla": 78}),
+    tensor_parallel_size=8,
+    groups=(CacheGroup(DSA_MLA, 64, "the single DSA / MLA KV-cache group"),),
+    unified_block_size_by_tp=MappingProxyType({}),
+    strict_prefix=False,
+    recommended_chunk_size=256,
+    validated_chunk_sizes=(256, 1024),
+    prefix_caching_required=True,
+    separate_object_groups_required=False,
+    kv_cache_dtype="auto",
+    fp8_kv_cache_hopper_ok=True,
+    batch_invariant_ok=True,
+    text_only_flag=ServingFlag("--limit-mm-per-prompt", None, "text-only model; no multimodal limit is needed"),
+    serving_extras=(
+        ServingFlag("--tool-call-parser", "glm47", "GLM serving extra, orthogonal to LMCache"),
+        ServingFlag("--reasoning-parser", "glm47", "GLM serving extra, orthogonal to LMCache"),
+    ),
+    mtp_speculative_tokens=1,
+    mtp_validated_with_lmcache=False,
+    notes=(
+        "Prefer --chunk-size 256: only whole chunks are stored (5040 tokens: 4864 cached at 256, 4096 at 1024).",
+        "Cached pages are byte-opaque: never share cache entries across engines with different backends or block sizes.",
+    ),
+)
+
+PROFILES: Mapping[str, ModelProfile] = MappingProxyType({p.name: p for p in (_FLASH, _GLM53)})
+DEFAULT_PROFILE = "glm53-flash"
+
+
+def get_profile(name: str) -> ModelProfile:
+    """Look a profile up by name, or fail with a sentence listing the known ones."""
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise Glm53Error(f"unknown profile {name!r}; expected one of: {', '.join(PROFILES)}") from None
