@@ -7,6 +7,7 @@ the chart deploys. Numbers come from the seed recipes (GLM-5.3-Flash: N = 1152 a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -100,9 +101,15 @@ class ModelProfile:
         """N measured for this TP size, or None where it was not measured (re-read it from vLLM's log)."""
         return self.unified_block_size_by_tp.get(tensor_parallel_size)
 
-    def expected_groups(self, unified_block_size: int) -> tuple[int, ...]:
-        """The `group_tokens_per_block` list this model must report once N is known."""
-        return tuple(unified_block_size if g.tokens_per_block is None else g.tokens_per_block for g in self.groups)
+    def expected_groups(self, unified_block_size: int | None) -> tuple[int, ...]:
+        """The `group_tokens_per_block` list this model must report once N is known (None: fixed-size groups only)."""
+        if unified_block_size is None and self.follows_unified_block_size:
+            raise Glm53Error(f"{self.display_name} needs vLLM's unified block size N to know its expected groups")
+        return tuple(
+            g.tokens_per_block if g.tokens_per_block is not None else n
+            for g in self.groups
+            for n in [unified_block_size or 0]
+        )
 
 
 _FLASH = ModelProfile(
@@ -114,10 +121,7 @@ _FLASH = ModelProfile(
     layer_mix=MappingProxyType({"kda_linear_attention": 34, "nope_sparse_mla": 11}),
     tensor_parallel_size=4,
     groups=(
-        *(
-            CacheGroup(KDA_STATE, None, f"KDA recurrent-state group {i} (one of four)")
-            for i in range(1, 5)
-        ),
+        *(CacheGroup(KDA_STATE, None, f"KDA recurrent-state group {i} (one of four)") for i in range(1, 5)),
         CacheGroup(SPARSE_MLA_INDEXER, None, "sparse-MLA latent cache with the compressed indexer cache"),
         CacheGroup(KPOOL_TAIL_SCRATCH, 0, "per-request kpool-tail scratch (KpoolTailSpec), never prefix-cached"),
     ),
@@ -177,7 +181,7 @@ _GLM53 = ModelProfile(
     mtp_validated_with_lmcache=False,
     notes=(
         "Prefer --chunk-size 256: only whole chunks are stored (5040 tokens: 4864 cached at 256, 4096 at 1024).",
-        "Cached pages are byte-opaque: never share cache entries across engines with different backends or block sizes.",
+        "Cached pages are byte-opaque: never share entries across engines with different backends or block sizes.",
     ),
 )
 
@@ -191,3 +195,48 @@ def get_profile(name: str) -> ModelProfile:
         return PROFILES[name]
     except KeyError:
         raise Glm53Error(f"unknown profile {name!r}; expected one of: {', '.join(PROFILES)}") from None
+
+
+def profile_as_dict(profile: ModelProfile) -> dict[str, object]:
+    """A JSON-ready view of a profile, as `glm53 profiles --json` prints it and the Helm chart reads it.
+
+    Besides the raw fields it carries the derived facts the chart needs without reimplementing them in templates:
+    the GPU count, the expected `group_tokens_per_block` at the validated TP size (None where N is unknown) and the
+    LCM every chunk size must be a multiple of at that TP size.
+    """
+    n = profile.unified_block_size(profile.tensor_parallel_size)
+    expected = profile.expected_groups(n) if n is not None or not profile.follows_unified_block_size else None
+    positive = [g for g in expected or () if g > 0]
+    return {
+        "name": profile.name,
+        "modelId": profile.model_id,
+        "displayName": profile.display_name,
+        "architecture": profile.architecture,
+        "numLayers": profile.num_layers,
+        "layerMix": dict(profile.layer_mix),
+        "tensorParallelSize": profile.tensor_parallel_size,
+        "gpus": profile.gpus,
+        "groups": [
+            {"kind": g.kind, "tokensPerBlock": g.tokens_per_block, "description": g.description} for g in profile.groups
+        ],
+        "unifiedBlockSizeByTp": {str(tp): n for tp, n in sorted(profile.unified_block_size_by_tp.items())},
+        "expectedGroupTokensPerBlock": list(expected) if expected is not None else None,
+        "requiredAlignment": math.lcm(*positive) if positive else None,
+        "strictPrefix": profile.strict_prefix,
+        "recommendedChunkSize": profile.recommended_chunk_size,
+        "validatedChunkSizes": list(profile.validated_chunk_sizes),
+        "prefixCachingRequired": profile.prefix_caching_required,
+        "separateObjectGroupsRequired": profile.separate_object_groups_required,
+        "kvCacheDtype": profile.kv_cache_dtype,
+        "fp8KvCacheHopperOk": profile.fp8_kv_cache_hopper_ok,
+        "batchInvariantOk": profile.batch_invariant_ok,
+        "textOnlyFlag": _flag_as_dict(profile.text_only_flag),
+        "servingExtras": [_flag_as_dict(f) for f in profile.serving_extras],
+        "mtpSpeculativeTokens": profile.mtp_speculative_tokens,
+        "mtpValidatedWithLmcache": profile.mtp_validated_with_lmcache,
+        "notes": list(profile.notes),
+    }
+
+
+def _flag_as_dict(flag: ServingFlag) -> dict[str, str | None]:
+    return {"flag": flag.flag, "value": flag.value, "why": flag.why}
