@@ -40,6 +40,30 @@ def require_positive(value: int, what: str) -> int:
     return value
 
 
+def _is_decimal(text: str) -> bool:
+    # Bounded length: int() refuses more than 4300 digits, and no token count needs more than 18.
+    return text.isascii() and text.isdigit() and len(text) <= 18
+
+
+def parse_positive(text: str, what: str) -> int:
+    """A positive integer given as text (a flag, a file line), or a one-line error naming `what` and the text."""
+    stripped = text.strip()
+    if not _is_decimal(stripped) or int(stripped) <= 0:
+        raise Glm53Error(f"{what} must be a positive integer, got {text!r}")
+    return int(stripped)
+
+
+def parse_groups(text: str) -> tuple[int, ...]:
+    """Comma-separated tokens_per_block values as the geometry line lists them (`1152,1152,1152,1152,1152,0`)."""
+    values = []
+    for item in text.replace("[", "").replace("]", "").split(","):
+        stripped = item.strip()
+        if not _is_decimal(stripped):
+            raise Glm53Error(f"groups must be comma-separated non-negative integers like 1152,1152,0, got {text!r}")
+        values.append(int(stripped))
+    return validate_groups(values)
+
+
 def served_tokens(prompt_tokens: int, chunk_size: int, strict_prefix: bool) -> int:
     """Tokens of an L-token prompt that LMCache can serve: whole chunks, minus the reserved last token if strict."""
     require_positive(prompt_tokens, "prompt length")
@@ -72,11 +96,16 @@ def required_alignment(groups: Sequence[int]) -> int:
     return math.lcm(*(g for g in validate_groups(groups) if g > 0))
 
 
+def round_up(value: int, alignment: int) -> int:
+    """The smallest positive multiple of `alignment` that is >= `value` (a value of 0 or less gives `alignment`)."""
+    require_positive(alignment, "alignment")
+    return max(1, -(-value // alignment)) * alignment
+
+
 def negotiate_chunk_size(configured_min: int, groups: Sequence[int]) -> int:
     """The chunk size a negotiating LMCache server settles on: the smallest multiple of the alignment >= the minimum."""
     require_positive(configured_min, "configured minimum chunk size")
-    alignment = required_alignment(groups)
-    return math.ceil(configured_min / alignment) * alignment
+    return round_up(configured_min, required_alignment(groups))
 
 
 def is_valid_chunk_size(chunk_size: int, groups: Sequence[int]) -> bool:

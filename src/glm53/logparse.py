@@ -110,12 +110,15 @@ Record = (
     | MalformedLine
 )
 
-_ORIGIN = re.compile(r"\((?P<process>[A-Za-z][\w.-]{0,63})(?:\s+pid=(?P<pid>\d{1,10}))?\)")
+# The process tag is only trusted at the start of a line, where vLLM puts it (possibly wrapped in an ANSI colour code,
+# and also on undecorated worker output such as tracebacks), so a parenthesised word inside a message is never taken
+# for a process.
+_ORIGIN = re.compile(r"\s*(?:\x1b\[[\d;]*m)?\((?P<process>[A-Za-z][\w.-]{0,63})(?:\s+pid=(?P<pid>\d{1,10}))?\)")
 _RANK = re.compile(r"(?:TP|_rank|Rank)(?P<rank>\d{1,5})$")
 
 # Variants seen upstream: vLLM's generic hybrid wording, a GLM-5-specific one and platform prefixes such as `[XPU]`;
 # all say "attention block size to N tokens", which is what we anchor on, tolerating whatever follows.
-_BLOCK_SIZE = re.compile(r"[Ss]etting attention block size to (?P<n>\S+) tokens")
+_BLOCK_SIZE = re.compile(r"attention block size to (?P<n>\S+) tokens")
 _BLOCK_SIZE_HINT = "attention block size to"
 
 _NEGOTIATED = re.compile(
@@ -131,10 +134,14 @@ _GEOMETRY = re.compile(
 )
 _GEOMETRY_HINT = "Resolved LMCache MP geometry"
 
+# The connector's refusal of a chunk size that is no multiple of a group's block size. The contract's wording names the
+# engine group; the released 0.5.6 `kv_layer_groups.py` says `lmcache_tokens_per_chunk C must be a multiple of
+# tokens_per_block B`. Both carry the two numbers in the same order.
 _CHUNK_REJECTED = re.compile(
-    r"LMCache chunk size (?P<chunk>\d{1,12}) must be a\s+multiple of (?:engine group \d+ tokens_per_block )?"
-    r"(?P<required>\d{1,12})"
+    r"(?:LMCache chunk size|lmcache_tokens_per_chunk) (?P<chunk>\S+) must be a\s+multiple of "
+    r"(?:engine group \d+ )?(?:tokens_per_block )?(?P<required>[^\s,.;)]+)"
 )
+_CHUNK_REJECTED_HINTS = ("LMCache chunk size", "lmcache_tokens_per_chunk")
 _UNREACHABLE = re.compile(r"Cannot reach the LMCache MP server at '(?P<url>[^']*)'")
 
 _ENGINE_DEATH_PHRASES = (
@@ -147,7 +154,7 @@ _ENGINE_DEATH_PHRASES = (
 
 def parse_origin(line: str) -> LineOrigin:
     """The process tag a vLLM line starts with, if any: `(APIServer pid=1)`, `(Worker_TP3 pid=812)`."""
-    match = _ORIGIN.search(line[:200])
+    match = _ORIGIN.match(line)
     if match is None:
         return LineOrigin()
     process = match.group("process")
@@ -206,6 +213,16 @@ def _parse_block_size(line: str, origin: LineOrigin) -> Record:
     return AttentionBlockSize(tokens, origin)
 
 
+def _parse_rejected(line: str, origin: LineOrigin) -> Record | None:
+    match = _CHUNK_REJECTED.search(line)
+    if match is None:
+        return None
+    chunk, required = _sane_int(match.group("chunk")), _sane_int(match.group("required"))
+    if chunk is None or required is None:
+        return MalformedLine("chunk size error", line.strip(), origin)
+    return ChunkSizeRejected(chunk, required, origin)
+
+
 def parse_line(line: str) -> Record | None:
     """The record one log line carries, or None when it carries none of the facts the deployment checks."""
     if _GEOMETRY_HINT in line:
@@ -214,11 +231,8 @@ def parse_line(line: str) -> Record | None:
         return _parse_negotiated(line, parse_origin(line))
     if _BLOCK_SIZE_HINT in line:
         return _parse_block_size(line, parse_origin(line))
-    if "LMCache chunk size" in line and (match := _CHUNK_REJECTED.search(line)):
-        chunk, required = _sane_int(match.group("chunk")), _sane_int(match.group("required"))
-        if chunk is None or required is None:
-            return MalformedLine("chunk size error", line.strip(), parse_origin(line))
-        return ChunkSizeRejected(chunk, required, parse_origin(line))
+    if "must be a" in line and any(hint in line for hint in _CHUNK_REJECTED_HINTS):
+        return _parse_rejected(line, parse_origin(line))
     if "Cannot reach the LMCache MP server" in line and (match := _UNREACHABLE.search(line)):
         return ServerUnreachable(match.group("url"), parse_origin(line))
     for phrase in _ENGINE_DEATH_PHRASES:

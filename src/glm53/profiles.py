@@ -103,13 +103,15 @@ class ModelProfile:
 
     def expected_groups(self, unified_block_size: int | None) -> tuple[int, ...]:
         """The `group_tokens_per_block` list this model must report once N is known (None: fixed-size groups only)."""
-        if unified_block_size is None and self.follows_unified_block_size:
-            raise Glm53Error(f"{self.display_name} needs vLLM's unified block size N to know its expected groups")
-        return tuple(
-            g.tokens_per_block if g.tokens_per_block is not None else n
-            for g in self.groups
-            for n in [unified_block_size or 0]
-        )
+        sizes = []
+        for group in self.groups:
+            size = unified_block_size if group.tokens_per_block is None else group.tokens_per_block
+            if size is None:
+                raise Glm53Error(
+                    f"{self.display_name}'s expected groups depend on vLLM's unified block size N, which is not known"
+                )
+            sizes.append(size)
+        return tuple(sizes)
 
 
 _FLASH = ModelProfile(

@@ -1,0 +1,318 @@
+{{/*
+Shared helpers of the glm53 chart. Every helper is prefixed `glm53.`; templates build containers from these fragments
+instead of repeating them. List-valued helpers print JSON (read back with `fromJsonArray`) so arguments stay typed.
+*/}}
+
+{{/* Names ---------------------------------------------------------------------------------------------------------- */}}
+
+{{- define "glm53.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "glm53.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "glm53.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "glm53.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "glm53.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* Labels. Call with (dict "ctx" $ "component" "engine"). Selectors carry name + instance + component only. ---- */}}
+
+{{- define "glm53.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "glm53.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "glm53.labels" -}}
+{{ include "glm53.selectorLabels" . }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: glm53
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+helm.sh/chart: {{ include "glm53.chart" .ctx }}
+{{- with .ctx.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Profile facts (files/profiles.json, generated from the glm53 toolkit) --------------------------------------- */}}
+
+{{- define "glm53.profiles" -}}
+{{- .Files.Get "files/profiles.json" }}
+{{- end }}
+
+{{/* The selected profile as JSON; unknown names fail with the list of known ones. */}}
+{{- define "glm53.profile" -}}
+{{- $profiles := include "glm53.profiles" . | fromJson }}
+{{- if not (hasKey $profiles (toString .Values.profile)) }}
+{{- fail (printf "profile %q is unknown; set profile to one of: %s" (toString .Values.profile) (keys $profiles | sortAlpha | join ", ")) }}
+{{- end }}
+{{- get $profiles .Values.profile | toJson }}
+{{- end }}
+
+{{- define "glm53.tensorParallelSize" -}}
+{{- $p := include "glm53.profile" . | fromJson }}
+{{- if kindIs "invalid" .Values.vllm.tensorParallelSize }}{{ int $p.tensorParallelSize }}{{ else }}{{ int .Values.vllm.tensorParallelSize }}{{ end }}
+{{- end }}
+
+{{- define "glm53.gpus" -}}
+{{- if kindIs "invalid" .Values.vllm.gpus }}{{ include "glm53.tensorParallelSize" . }}{{ else }}{{ int .Values.vllm.gpus }}{{ end }}
+{{- end }}
+
+{{- define "glm53.model" -}}
+{{- $p := include "glm53.profile" . | fromJson }}
+{{- default $p.modelId .Values.vllm.model }}
+{{- end }}
+
+{{/* The model id the API lists in /v1/models. */}}
+{{- define "glm53.servedModel" -}}
+{{- default (include "glm53.model" .) .Values.vllm.servedModelName }}
+{{- end }}
+
+{{/*
+Block alignment every chunk must be a multiple of at the configured TP size; empty when unknown. It is the profile's
+`requiredAlignment` when the groups have fixed block sizes or the TP size is the profile's; for hybrids (groups that follow
+vLLM's unified block size N) at another TP size it is N where N was measured there, else unknown.
+*/}}
+{{- define "glm53.alignment" -}}
+{{- $p := include "glm53.profile" . | fromJson }}
+{{- $tp := include "glm53.tensorParallelSize" . | int }}
+{{- $fixed := false }}
+{{- range $p.groups }}{{- if and (not (kindIs "invalid" .tokensPerBlock)) (gt (int .tokensPerBlock) 0) }}{{ $fixed = true }}{{ end }}{{- end }}
+{{- if or (not (include "glm53.followsUnifiedBlock" .)) (eq $tp (int $p.tensorParallelSize)) }}
+{{- with $p.requiredAlignment }}{{ int . }}{{ end }}
+{{- else if and (hasKey $p.unifiedBlockSizeByTp (toString $tp)) (not $fixed) }}
+{{- get $p.unifiedBlockSizeByTp (toString $tp) | int }}
+{{- end }}
+{{- end }}
+
+{{/* Non-empty when some of the profile's groups take vLLM's unified block size N (which depends on the TP size). */}}
+{{- define "glm53.followsUnifiedBlock" -}}
+{{- range (include "glm53.profile" . | fromJson).groups }}{{ if kindIs "invalid" .tokensPerBlock }}true{{ end }}{{ end }}
+{{- end }}
+
+{{/* The `--chunk-size` the sidecar gets; empty when none is passed (a negotiating build without an explicit minimum). */}}
+{{- define "glm53.chunkSize" -}}
+{{- $p := include "glm53.profile" . | fromJson }}
+{{- if not (kindIs "invalid" .Values.lmcache.chunkSize) }}
+{{- int .Values.lmcache.chunkSize }}
+{{- else if not .Values.lmcache.negotiate }}
+{{- if or (not (include "glm53.followsUnifiedBlock" .)) (eq (include "glm53.tensorParallelSize" . | int) (int $p.tensorParallelSize)) }}
+{{- int $p.recommendedChunkSize }}
+{{- else }}
+{{- include "glm53.alignment" . }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Images ---------------------------------------------------------------------------------------------------------- */}}
+
+{{- define "glm53.image" -}}
+{{- if .Values.mock.enabled }}
+{{- printf "%s:%s" .Values.mock.image.repository (default .Chart.AppVersion .Values.mock.image.tag) }}
+{{- else if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{- define "glm53.imagePullPolicy" -}}
+{{- if .Values.mock.enabled }}{{ .Values.mock.image.pullPolicy }}{{ else }}{{ .Values.image.pullPolicy }}{{ end }}
+{{- end }}
+
+{{/* Pod-local wiring (contract shared with `glm53 pod` and the container-level pod) ----------------------------------- */}}
+
+{{- define "glm53.logDir" -}}/var/log/glm53{{- end }}
+{{- define "glm53.vllmLog" -}}{{ include "glm53.logDir" . }}/vllm.log{{- end }}
+{{- define "glm53.lmcacheLog" -}}{{ include "glm53.logDir" . }}/lmcache.log{{- end }}
+{{- define "glm53.probeStateDir" -}}{{ include "glm53.logDir" . }}/.probe{{- end }}
+{{- define "glm53.hfTokenDir" -}}/var/run/secrets/huggingface{{- end }}
+{{- define "glm53.loopback" -}}127.0.0.1{{- end }}
+{{- define "glm53.lmcachePort" -}}5555{{- end }}
+{{- define "glm53.lmcacheHttpPort" -}}8080{{- end }}
+{{- define "glm53.lmcachePrometheusPort" -}}9090{{- end }}
+{{- define "glm53.vllmPort" -}}8000{{- end }}
+
+{{- define "glm53.kvTransferConfig" -}}
+{{- $extra := dict "lmcache.mp.host" (printf "tcp://%s" (include "glm53.loopback" .)) "lmcache.mp.port" (include "glm53.lmcachePort" . | int) }}
+{{- dict "kv_connector" "LMCacheMPConnector" "kv_role" "kv_both" "kv_connector_extra_config" $extra | toJson }}
+{{- end }}
+
+{{/* Command lines ----------------------------------------------------------------------------------------------------- */}}
+
+{{/* `vllm serve` / `glm53 mock vllm` arguments after the program: the same flags in both modes (JSON list). */}}
+{{- define "glm53.vllmServeArgs" -}}
+{{- $p := include "glm53.profile" . | fromJson }}
+{{- $v := .Values.vllm }}
+{{- $args := list (include "glm53.model" .) }}
+{{- if .Values.mock.enabled }}{{ $args = concat $args (list "--profile" .Values.profile) }}{{ end }}
+{{- $args = concat $args (list "--host" "0.0.0.0" "--port" (include "glm53.vllmPort" .)) }}
+{{- $args = concat $args (list "--tensor-parallel-size" (include "glm53.tensorParallelSize" .)) }}
+{{- if $v.enablePrefixCaching }}{{ $args = append $args "--enable-prefix-caching" }}{{ else }}{{ $args = append $args "--no-enable-prefix-caching" }}{{ end }}
+{{- if .Values.lmcache.enabled }}{{ $args = concat $args (list "--kv-transfer-config" (include "glm53.kvTransferConfig" .)) }}{{ end }}
+{{- if and $v.textOnly $p.textOnlyFlag.value }}{{ $args = concat $args (list $p.textOnlyFlag.flag $p.textOnlyFlag.value) }}{{ end }}
+{{- if $v.servingExtras }}{{ range $p.servingExtras }}{{ $args = concat $args (list .flag .value) }}{{ end }}{{ end }}
+{{- $args = concat $args (list "--kv-cache-dtype" $v.kvCacheDtype) }}
+{{- if $v.servedModelName }}{{ $args = concat $args (list "--served-model-name" $v.servedModelName) }}{{ end }}
+{{- if $v.speculativeDecoding.enabled }}
+{{- $n := $p.mtpSpeculativeTokens }}{{ if not (kindIs "invalid" $v.speculativeDecoding.numSpeculativeTokens) }}{{ $n = $v.speculativeDecoding.numSpeculativeTokens }}{{ end }}
+{{- $args = concat $args (list "--speculative-config" (dict "method" "mtp" "num_speculative_tokens" (int $n) | toJson)) }}
+{{- end }}
+{{- if .Values.mock.enabled }}
+{{- $args = concat $args (list "--load-seconds" (toString .Values.mock.loadSeconds)) .Values.mock.vllmExtraArgs }}
+{{- else }}
+{{- $args = concat $args $v.extraArgs }}
+{{- end }}
+{{- toJson $args }}
+{{- end }}
+
+{{/* `lmcache server` / `glm53 mock lmcache` arguments after the program: loopback binds, never /run_script. */}}
+{{- define "glm53.lmcacheServerArgs" -}}
+{{- $l := .Values.lmcache }}
+{{- $lo := include "glm53.loopback" . }}
+{{- $args := list "--host" $lo "--port" (include "glm53.lmcachePort" .) }}
+{{- with include "glm53.chunkSize" . }}{{ $args = concat $args (list "--chunk-size" .) }}{{ end }}
+{{- if $l.separateObjectGroups }}{{ $args = append $args "--separate-object-groups" }}{{ end }}
+{{- $l1 := $l.l1SizeGb }}{{ if .Values.mock.enabled }}{{ $l1 = .Values.mock.l1SizeGb }}{{ end }}
+{{- $args = concat $args (list "--l1-size-gb" (toString $l1) "--eviction-policy" $l.evictionPolicy) }}
+{{- $args = concat $args (list "--http-host" $lo "--http-port" (include "glm53.lmcacheHttpPort" .) "--prometheus-port" (include "glm53.lmcachePrometheusPort" .)) }}
+{{- if .Values.mock.enabled }}
+{{- $args = concat $args (list "--generation" (ternary "negotiating" "released" $l.negotiate)) }}
+{{- else }}
+{{- $args = append $args "--no-run-script-api-enabled" }}
+{{- $args = concat $args $l.extraArgs }}
+{{- end }}
+{{- toJson $args }}
+{{- end }}
+
+{{/* `glm53 supervise` arguments for one server. Call with (dict "ctx" $ "log" PATH "program" LIST "args" LIST). */}}
+{{- define "glm53.superviseArgs" -}}
+{{- concat (list "--log" .log "--") .program .args | toJson }}
+{{- end }}
+
+{{- define "glm53.vllmContainerArgs" -}}
+{{- $program := ternary (list "glm53" "mock" "vllm") (list "vllm" "serve") .Values.mock.enabled }}
+{{- include "glm53.superviseArgs" (dict "log" (include "glm53.vllmLog" .) "program" $program "args" (include "glm53.vllmServeArgs" . | fromJsonArray)) }}
+{{- end }}
+
+{{- define "glm53.lmcacheContainerArgs" -}}
+{{- $program := ternary (list "glm53" "mock" "lmcache") (list "lmcache" "server") .Values.mock.enabled }}
+{{- include "glm53.superviseArgs" (dict "log" (include "glm53.lmcacheLog" .) "program" $program "args" (include "glm53.lmcacheServerArgs" . | fromJsonArray)) }}
+{{- end }}
+
+{{/*
+The startup probe's command (also printed by NOTES for running it by hand). `--chunk-size` is the server's configured
+value (the probe derives what a negotiating server resolves it to), so it is passed exactly when the server gets one.
+*/}}
+{{- define "glm53.startupProbeCommand" -}}
+{{- $cmd := list "glm53" "probe" "startup" "--profile" .Values.profile "--tensor-parallel-size" (include "glm53.tensorParallelSize" .) }}
+{{- with include "glm53.chunkSize" . }}{{ $cmd = concat $cmd (list "--chunk-size" .) }}{{ end }}
+{{- $cmd = concat $cmd (list "--log" (include "glm53.vllmLog" .)) }}
+{{- if .Values.lmcache.enabled }}{{ $cmd = concat $cmd (list "--log" (include "glm53.lmcacheLog" .)) }}{{ end }}
+{{- concat $cmd (list "--state-dir" (include "glm53.probeStateDir" .)) | toJson }}
+{{- end }}
+
+{{- define "glm53.exporterArgs" -}}
+{{- $args := list "--log" (include "glm53.vllmLog" .) "--log" (include "glm53.lmcacheLog" .) "--profile" .Values.profile }}
+{{- $args = concat $args (list "--tensor-parallel-size" (include "glm53.tensorParallelSize" .)) }}
+{{- with include "glm53.chunkSize" . }}{{ $args = concat $args (list "--chunk-size" .) }}{{ end }}
+{{- $lo := include "glm53.loopback" . }}
+{{- $args = concat $args (list "--vllm-url" (printf "http://%s:%s" $lo (include "glm53.vllmPort" .)) "--lmcache-url" (printf "http://%s:%s" $lo (include "glm53.lmcachePrometheusPort" .))) }}
+{{- concat $args (list "--port" (toString .Values.exporter.port) "--host" "0.0.0.0") | toJson }}
+{{- end }}
+
+{{/*
+An exec probe doing HTTP GETs over loopback with the image's python3 (the LMCache admin API binds 127.0.0.1 only, and
+kubelet httpGet probes go to the pod IP). Call with (dict "urls" LIST "model" NAME-or-""); with a model, the last URL
+must be /v1/models and list it. Prints one line on failure.
+*/}}
+{{- define "glm53.httpCheckCommand" -}}
+{{- $script := list (ternary "import json, sys, urllib.request as r" "import sys, urllib.request as r" (not (empty .model))) }}
+{{- $script = append $script "try:" }}
+{{- range .urls }}{{ $script = append $script (printf "    body = r.urlopen(%q, timeout=4).read()" .) }}{{ end }}
+{{- if .model }}
+{{- $script = append $script "    ids = [m['id'] for m in json.loads(body)['data']]" }}
+{{- $script = append $script (printf "    sys.exit(0 if %q in ids else f'served models {ids} do not include %s')" .model .model) }}
+{{- end }}
+{{- $script = append $script "except Exception as e:" }}
+{{- $script = append $script "    sys.exit(f'{type(e).__name__}: {e}')" }}
+{{- list "python3" "-c" (join "\n" $script) | toJson }}
+{{- end }}
+
+{{- define "glm53.lmcacheHealthCommand" -}}
+{{- $url := printf "http://%s:%s/healthcheck" (include "glm53.loopback" .) (include "glm53.lmcacheHttpPort" .) }}
+{{- include "glm53.httpCheckCommand" (dict "urls" (list $url) "model" "") }}
+{{- end }}
+
+{{- define "glm53.vllmReadinessCommand" -}}
+{{- $base := printf "http://%s:%s" (include "glm53.loopback" .) (include "glm53.vllmPort" .) }}
+{{- include "glm53.httpCheckCommand" (dict "urls" (list (printf "%s/health" $base) (printf "%s/v1/models" $base)) "model" (include "glm53.servedModel" .)) }}
+{{- end }}
+
+{{/* Container fragments ------------------------------------------------------------------------------------------- */}}
+
+{{- define "glm53.containerSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 10001
+runAsGroup: 10001
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop:
+    - ALL
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{- define "glm53.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 10001
+runAsGroup: 10001
+fsGroup: 10001
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{/* Environment every server container gets: unbuffered output so the probe sees log lines as they happen, a writable HOME. */}}
+{{- define "glm53.baseEnv" -}}
+- name: PYTHONUNBUFFERED
+  value: "1"
+- name: HOME
+  value: /tmp
+{{- end }}
+
+{{- define "glm53.volumeMounts.logs" -}}
+- name: logs
+  mountPath: {{ include "glm53.logDir" . }}
+{{- end }}
+
+{{- define "glm53.volumeMounts.runtime" -}}
+- name: tmp
+  mountPath: /tmp
+- name: shm
+  mountPath: /dev/shm
+{{- end }}
+
+{{/* Which weights volume the pod mounts: "" for none. */}}
+{{- define "glm53.weightsClaimName" -}}
+{{- if eq .Values.weights.source "newPvc" }}{{ include "glm53.fullname" . }}-weights{{ else if eq .Values.weights.source "existingPvc" }}{{ .Values.weights.existingClaim }}{{ end }}
+{{- end }}

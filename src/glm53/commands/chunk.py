@@ -1,0 +1,128 @@
+"""`glm53 chunk`: the chunk-size arithmetic on the command line — coverage, negotiation, and a recommendation.
+
+Operators choose LMCache's `--chunk-size` once per deployment and live with its cost on every request (the tail of
+each prompt is recomputed), so these subcommands answer the three questions with the same pure functions the probe
+uses: how much of a prompt is served, what a negotiating server settles on, and which chunk size serves the most of a
+real prompt-length distribution (one integer a line, a CSV with a tokens/length column, or a JSON list).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from glm53.chunks import (
+    coverage,
+    negotiate_chunk_size,
+    parse_groups,
+    parse_positive,
+    recommend,
+    required_alignment,
+)
+from glm53.errors import Glm53Error
+
+_LENGTH_COLUMN_HINTS = ("tokens", "length")
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="glm53 chunk", description="LMCache chunk-size arithmetic.")
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    cov = actions.add_parser("coverage", help="tokens of one prompt LMCache can serve at a chunk size")
+    cov.add_argument("--prompt-tokens", required=True, metavar="L")
+    cov.add_argument("--chunk-size", required=True, metavar="C")
+    cov.add_argument("--strict-prefix", action="store_true", help="hybrid rule: at most floor((L-1)/C)*C")
+    neg = actions.add_parser("negotiate", help="the chunk size a negotiating LMCache server settles on")
+    neg.add_argument("--configured-min", required=True, metavar="M")
+    neg.add_argument("--groups", required=True, metavar="G,G,...", help="group_tokens_per_block, e.g. 1152,1152,0")
+    rec = actions.add_parser("recommend", help="rank valid chunk sizes over a prompt-length distribution")
+    rec.add_argument("--prompt-lengths", required=True, type=Path, metavar="FILE")
+    rec.add_argument("--groups", required=True, metavar="G,G,...")
+    rec.add_argument("--strict-prefix", action="store_true", help="hybrid rule: at most floor((L-1)/C)*C")
+    rec.add_argument("--limit", default="16", metavar="K", help="consider the first K multiples (default 16)")
+    return parser
+
+
+def parse_prompt_lengths(text: str, name: str) -> list[int]:
+    """Prompt lengths from a file's text: a JSON list, a CSV with a header, or one integer a line (# comments)."""
+    stripped = text.strip()
+    if stripped.startswith("["):
+        try:
+            values = json.loads(stripped)
+        except ValueError as error:
+            raise Glm53Error(f"{name} looks like JSON but does not parse: {error}") from None
+        if not isinstance(values, list) or any(isinstance(v, bool) or not isinstance(v, int) for v in values):
+            raise Glm53Error(f"{name} must be a JSON list of integers like [5040, 8507]")
+        lengths = [parse_positive(str(v), f"{name} entry {i}") for i, v in enumerate(values, 1)]
+    else:
+        lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip() and line[:1] != "#"]
+        if lines and any(c.isalpha() for c in lines[0][1]):  # a header names its columns
+            lengths = _csv_lengths(lines, name)
+        else:
+            lengths = [parse_positive(line, f"{name} line {n}") for n, line in lines]
+    if not lengths:
+        raise Glm53Error(f"{name} holds no prompt lengths; give one positive integer a line, a CSV or a JSON list")
+    return lengths
+
+
+def _csv_lengths(lines: list[tuple[int, str]], name: str) -> list[int]:
+    rows = list(csv.reader(line for _, line in lines))
+    header = [cell.strip().lower() for cell in rows[0]]
+    column = next((i for i, cell in enumerate(header) if any(h in cell for h in _LENGTH_COLUMN_HINTS)), None)
+    if column is None:
+        raise Glm53Error(
+            f"{name}: expected a number a line or a CSV header with a column named like 'tokens' or 'length', "
+            f"found {lines[0][1].strip()!r}"
+        )
+    lengths = []
+    for (n, _), row in zip(lines[1:], rows[1:], strict=True):
+        if column >= len(row):
+            raise Glm53Error(f"{name} line {n} has no column {header[column]!r}; every row needs one")
+        lengths.append(parse_positive(row[column], f"{name} line {n} column {header[column]!r}"))
+    return lengths
+
+
+def load_prompt_lengths(path: Path) -> list[int]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        raise Glm53Error(f"cannot read the prompt-length file {str(path)!r}: {reason}") from None
+    return parse_prompt_lengths(text, str(path))
+
+
+def _coverage(args: argparse.Namespace) -> None:
+    length = parse_positive(args.prompt_tokens, "--prompt-tokens")
+    result = coverage(length, parse_positive(args.chunk_size, "--chunk-size"), args.strict_prefix)
+    rule = " (strict prefix)" if result.strict_prefix else ""
+    print(
+        f"{result.prompt_tokens} prompt tokens at chunk size {result.chunk_size}{rule}: {result.served_tokens} served "
+        f"from LMCache ({result.share:.1%}), {result.recomputed_tokens} recomputed"
+    )
+
+
+def _negotiate(args: argparse.Namespace) -> None:
+    configured_min = parse_positive(args.configured_min, "--configured-min")
+    groups = parse_groups(args.groups)
+    resolved = negotiate_chunk_size(configured_min, groups)
+    print(f"{resolved} (configured_min={configured_min}, required_alignment={required_alignment(groups)})")
+
+
+def _recommend(args: argparse.Namespace) -> None:
+    groups = parse_groups(args.groups)
+    limit = parse_positive(args.limit, "--limit")
+    lengths = load_prompt_lengths(args.prompt_lengths)
+    ranked = recommend(lengths, groups, args.strict_prefix, limit)
+    rule = "strict prefix (hybrid)" if args.strict_prefix else "whole chunks"
+    print(f"{len(lengths)} prompts, {sum(lengths)} tokens, groups {list(groups)}, {rule}; best first:")
+    print(f"{'chunk':>8}  {'served tokens':>13}  {'share':>6}  prompts with a hit")
+    for r in ranked:
+        print(f"{r.chunk_size:>8}  {r.served_tokens:>13}  {r.served_share:>6.1%}  {r.prompts_with_hit}/{r.prompts}")
+
+
+def main(argv: Sequence[str]) -> int:
+    args = _build_parser().parse_args(list(argv))
+    {"coverage": _coverage, "negotiate": _negotiate, "recommend": _recommend}[args.action](args)
+    return 0

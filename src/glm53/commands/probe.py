@@ -1,0 +1,163 @@
+"""`glm53 probe startup`: the kubelet's startup probe, exit 0 only once the cache geometry is the one the model needs.
+
+This is the I/O edge around `glm53.probe`: it follows each log from where the previous invocation stopped (a small
+state file per log keeps the position and the facts already learned), feeds the new lines to the parser and prints the
+verdict as one line. It runs every few seconds for the whole model load, so it imports only the standard library and
+glm53's own pure modules, and its cost depends on the bytes added since last time, not on the log's size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import binascii
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from glm53.chunks import parse_positive
+from glm53.logparse import parse_lines
+from glm53.logtail import LogFollower, TailPosition
+from glm53.probe import StartupFacts, evaluate
+from glm53.profiles import LMCACHE_DEFAULT_CHUNK_SIZE, PROFILES, get_profile
+
+# Read a backlog in batches of this many bytes so memory stays flat on a multi-gigabyte first scan; the state is saved
+# after each batch.
+_BATCH_BYTES = 4 * 1024 * 1024
+# The kubelet kills an exec probe after timeoutSeconds (default 1 s) and then nothing would be saved; under this budget
+# a huge backlog is read over several invocations instead, each answering "not yet" until it has caught up.
+_DEFAULT_TIME_BUDGET = 0.7
+_STATE_VERSION = 1
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="glm53 probe", description="Probes for the kubelet.")
+    probes = parser.add_subparsers(dest="probe", required=True, metavar="PROBE")
+    startup = probes.add_parser(
+        "startup",
+        help="exit 0 only when vLLM and LMCache agreed on the geometry the model needs (3: not yet, 4: wrong)",
+        description="Exit 0 when the logged cache geometry is right, 3 while vLLM is still loading, 4 when it is "
+        "wrong or the server/engine failed. Prints one line.",
+    )
+    startup.add_argument("--profile", required=True, help=f"model profile: {', '.join(PROFILES)}")
+    startup.add_argument("--tensor-parallel-size", metavar="T", help="vLLM's TP size (default: the profile's)")
+    startup.add_argument(
+        "--chunk-size",
+        metavar="C",
+        help=f"the LMCache server's configured --chunk-size (default {LMCACHE_DEFAULT_CHUNK_SIZE}, the server's)",
+    )
+    startup.add_argument(
+        "--log", action="append", required=True, type=Path, metavar="FILE", help="a log to read (repeatable)"
+    )
+    startup.add_argument(
+        "--time-budget",
+        type=float,
+        default=_DEFAULT_TIME_BUDGET,
+        metavar="SECONDS",
+        help=f"stop reading after this long and continue next time (default {_DEFAULT_TIME_BUDGET}; 0: no limit)",
+    )
+    startup.add_argument(
+        "--state-dir",
+        type=Path,
+        metavar="DIR",
+        help="where positions and facts are kept (default: .probe/ beside the first log)",
+    )
+    return parser
+
+
+def _positive_option(text: str | None, option: str, default: int) -> int:
+    return default if text is None else parse_positive(text, option)
+
+
+def state_path(state_dir: Path, log: Path) -> Path:
+    """The state file of one log: its name for people, a checksum of its absolute path so two `vllm.log`s don't clash.
+
+    (CRC-32 rather than a cryptographic hash: `binascii` is loaded anyway, `hashlib` would cost start-up time, and a
+    state file records its log's path, so a collision only costs a rescan.)
+    """
+    checksum = binascii.crc32(os.path.abspath(log).encode("utf-8", "surrogateescape"))
+    return state_dir / f"{log.name}-{checksum:08x}.json"
+
+
+def _load_state(path: Path, log: Path) -> tuple[TailPosition, StartupFacts]:
+    """The saved position and facts of `log`, or a fresh start when there are none or they cannot be trusted."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict) or data.get("version") != _STATE_VERSION or data.get("log") != str(log):
+            raise ValueError("state belongs to another log or version")
+        return TailPosition.from_json(data.get("position")), StartupFacts.from_json(data.get("facts"))
+    except (OSError, ValueError):
+        # Missing, unreadable or corrupt: rescanning the log costs time once, trusting garbage would cost a verdict.
+        return TailPosition(), StartupFacts()
+
+
+def _save_state(path: Path, log: Path, position: TailPosition, facts: StartupFacts) -> None:
+    """Write the state atomically (temp file, then rename), so a probe killed mid-write leaves the old state."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"version": _STATE_VERSION, "log": str(log), "position": position.to_json(), "facts": facts.to_json()}
+    temp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        temp.write_text(json.dumps(payload, separators=(",", ":")), encoding="utf-8")
+        os.replace(temp, path)
+    finally:
+        temp.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class LogProgress:
+    """What one invocation learned from one log: its facts, bytes read over its history, bytes left, a save problem."""
+
+    facts: StartupFacts
+    total_bytes: int
+    unread_bytes: int
+    problem: str | None
+
+
+def read_log(log: Path, state_dir: Path, deadline: float | None) -> LogProgress:
+    """Bring one log's facts up to date, saving after every batch so a probe killed on its timeout still progresses.
+
+    Stops at the end of the log, or at `deadline` (a `time.monotonic()` value) with the rest left for next time.
+    """
+    path = state_path(state_dir, log)
+    position, facts = _load_state(path, log)
+    follower = LogFollower(log, position)
+    problem = None
+    while True:
+        before = follower.bytes_read
+        facts.add_all(parse_lines(follower.read_new_lines(max_bytes=_BATCH_BYTES)))
+        if follower.bytes_read == before:  # caught up; the last batch was saved already
+            break
+        try:
+            _save_state(path, log, follower.position, facts)
+        except OSError as error:
+            problem = f"state not saved in {state_dir} ({error.strerror or error})"
+        if deadline is not None and time.monotonic() > deadline:
+            break
+    return LogProgress(facts, follower.total_bytes_read, follower.unread_bytes(), problem)
+
+
+def main(argv: Sequence[str]) -> int:
+    args = _build_parser().parse_args(list(argv))
+    profile = get_profile(args.profile)
+    tensor_parallel_size = _positive_option(
+        args.tensor_parallel_size, "--tensor-parallel-size", profile.tensor_parallel_size
+    )
+    chunk_size = _positive_option(args.chunk_size, "--chunk-size", LMCACHE_DEFAULT_CHUNK_SIZE)
+    logs: list[Path] = args.log
+    state_dir: Path = args.state_dir or logs[0].parent / ".probe"
+    deadline = time.monotonic() + args.time_budget if args.time_budget > 0 else None
+    progress = [read_log(log, state_dir, deadline) for log in logs]
+    verdict = evaluate(
+        profile,
+        tensor_parallel_size,
+        chunk_size,
+        StartupFacts.combined(p.facts for p in progress),
+        sum(p.total_bytes for p in progress),
+        unread_bytes=sum(p.unread_bytes for p in progress),
+    )
+    # A state that cannot be saved only makes the next invocation rescan; the verdict itself still stands.
+    problems = [p.problem for p in progress if p.problem]
+    print(verdict.message + (f" [{problems[0]}]" if problems else ""))
+    return verdict.exit_code

@@ -1,0 +1,39 @@
+"""`glm53 supervise --log FILE [--max-log-mb N] -- CMD ARGS...`: the container entrypoint (see glm53.supervise)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+from glm53.errors import Glm53Error
+from glm53.supervise import MIB, supervise
+
+DEFAULT_MAX_LOG_MB = 100.0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="glm53 supervise",
+        description="Run a server, copy its stdout+stderr to our stdout and to a rotated log file, forward "
+        "SIGTERM/SIGINT, and exit with its status.",
+    )
+    parser.add_argument("--log", required=True, type=Path, help="log file to append to (rotated to FILE.1)")
+    parser.add_argument(
+        "--max-log-mb",
+        type=float,
+        default=DEFAULT_MAX_LOG_MB,
+        help=f"rotate before the log exceeds this many MiB (fractions allowed; default {DEFAULT_MAX_LOG_MB:g})",
+    )
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+    return parser
+
+
+def main(argv: Sequence[str]) -> int:
+    args = build_parser().parse_args(argv)
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not args.max_log_mb > 0:
+        raise Glm53Error(f"--max-log-mb must be a positive number of MiB, got {args.max_log_mb:g}")
+    return supervise(command, args.log, max(1, int(args.max_log_mb * MIB)))

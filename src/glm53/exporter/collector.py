@@ -1,0 +1,298 @@
+"""The exporter's custom collector: every scrape joins fresh log facts with fresh vLLM and LMCache metrics.
+
+Follows prometheus_client's custom-collector pattern: `collect()` builds new `*MetricFamily` objects on each call and
+keeps no metric objects between scrapes, and the collector is registered on a `CollectorRegistry` the caller injects
+(never the process-global one), so tests read values back with `registry.get_sample_value(...)`.
+The only state kept across scrapes is what must be: the log followers' positions (so a scrape reads only the bytes
+appended since the last one), the error and restart counters, and the previous upstream snapshots that restart
+detection compares against.
+
+Joined metrics (all derived from counters, so they are cumulative over the upstream processes' lifetimes; the
+dashboard and alerts take `rate()`s of the `_total` series for windows):
+
+- `glm53_prefix_cache_hit_ratio{scope}`: vLLM's hits / queries, in tokens; `scope="local"` is vLLM's own prefix cache,
+  `scope="external"` what the KV connector (LMCache) supplied. `glm53_prefix_cache_hit_tokens_total{scope="external"}`
+  is therefore the number of prompt tokens served from LMCache.
+- `glm53_strict_prefix_bound_achieved_ratio`: tokens served from LMCache (vLLM's external hits) divided by the sum,
+  over every LMCache lookup, of the most that lookup could have been served. The denominator is LMCache's
+  `lmcache_mp_lookup_requested_tokens_total`, which counts only the chunk-aligned part of each lookup; the connector
+  looks up at most L-1 tokens of an L-token prompt for hybrid models (strict prefix) and L tokens otherwise, so each
+  lookup contributes exactly floor((L-1)/C)*C (hybrid) or floor(L/C)*C tokens: the bound of `glm53.chunks`. Per-prompt
+  lengths are not derivable from vLLM's counters (its prompt-length histogram has coarse buckets), which is why the
+  bound comes from LMCache. The ratio is below 1 when vLLM's local prefix cache already covered part of a prompt
+  (the connector then supplies only the rest) or when LMCache misses; 1 means every lookup got its whole bound.
+
+LMCache's own `lmcache_*` families are re-exposed unchanged: its Prometheus port listens on the pod's loopback only,
+so the exporter is how Prometheus (and the dashboard's L1 memory panel) sees them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Protocol
+
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from glm53.exporter import names
+from glm53.exporter.facts import VERDICT_STATUSES, LogFacts
+from glm53.exporter.upstream import (
+    REASON_HTTP_STATUS,
+    REASON_MALFORMED,
+    REASON_UNREACHABLE,
+    Snapshot,
+    UpstreamError,
+    restarted,
+)
+
+ERROR_REASONS = (REASON_UNREACHABLE, REASON_HTTP_STATUS, REASON_MALFORMED)
+
+
+class LogSource(Protocol):
+    """The log side: reads what was appended since the last call and returns the accumulated start-up facts."""
+
+    def poll(self) -> LogFacts: ...
+
+
+Scraper = Callable[[str], Snapshot]
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """One endpoint to scrape: `target` is the label value (`vllm`, `lmcache`), `url` its metrics URL."""
+
+    target: str
+    url: str
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or denominator is None or denominator <= 0:
+        return None
+    return numerator / denominator
+
+
+def _gauge(name: str, documentation: str, value: float | None) -> list[Metric]:
+    """A one-sample gauge family, or nothing when the value is not known yet (absent beats a made-up 0)."""
+    return [] if value is None else [GaugeMetricFamily(name, documentation, value=value)]
+
+
+def log_families(facts: LogFacts) -> list[Metric]:
+    """The start-up facts parsed from the logs, as metric families."""
+    families: list[Metric] = []
+    families += _gauge(
+        "glm53_configured_chunk_size_tokens",
+        "LMCache chunk size the deployment configured (--chunk-size, or the configured_min the server logged).",
+        facts.configured_chunk_size,
+    )
+    families += _gauge(
+        "glm53_effective_chunk_size_tokens",
+        "LMCache chunk size in force: the negotiated size when the server logged one, else the configured size.",
+        facts.effective_chunk_size,
+    )
+    families += _gauge(
+        "glm53_required_alignment_tokens",
+        "Every chunk size must be a multiple of this (LCM of the positive group block sizes).",
+        facts.required_alignment,
+    )
+    families += _gauge(
+        "glm53_attention_block_size_tokens",
+        "vLLM's unified attention block size N (hybrid models log it at start-up).",
+        facts.attention_block_size,
+    )
+    geometry = facts.geometry
+    if geometry is not None:
+        families += _gauge(
+            "glm53_scheduler_block_size_tokens",
+            "scheduler_block_size from the connector's resolved geometry.",
+            geometry.scheduler_block_size,
+        )
+        groups = GaugeMetricFamily(
+            "glm53_cache_group_tokens_per_block",
+            "tokens_per_block of each KV-cache group the connector resolved (0: scratch group, never cached).",
+            labels=["index", "kind"],
+        )
+        for index, (tokens, kind) in enumerate(zip(geometry.groups, facts.group_kinds, strict=True)):
+            groups.add_metric([str(index), kind], tokens)
+        families.append(groups)
+        info = InfoMetricFamily("glm53_geometry", "The connector's resolved geometry line and the profile it is for.")
+        info.add_metric(
+            [],
+            {
+                "profile": facts.profile.name,
+                "group_tokens_per_block": ",".join(str(g) for g in geometry.groups),
+                "cache_model_name": geometry.cache_model_name or "",
+            },
+        )
+        families.append(info)
+    families += _gauge(
+        "glm53_geometry_matches_profile",
+        "1 when the resolved groups are the ones the profile expects for this N and TP size, else 0.",
+        None if facts.geometry_matches is None else float(facts.geometry_matches),
+    )
+    families += _gauge(
+        "glm53_geometry_resolved_after_start_seconds",
+        "Seconds from the vLLM process's first log line to its geometry line (from the log timestamps).",
+        facts.geometry_after_start_seconds,
+    )
+    status = GaugeMetricFamily(
+        "glm53_probe_status",
+        "The startup probe's verdict on the logs: 1 for the current status (ready, not_yet or wrong), else 0.",
+        labels=["status"],
+    )
+    for name in VERDICT_STATUSES:
+        status.add_metric([name], 1.0 if name == facts.verdict_status else 0.0)
+    families.append(status)
+    read = CounterMetricFamily(
+        "glm53_log_read_bytes",
+        "Log bytes the exporter has read (each byte once; rotation restarts a file).",
+        labels=["log"],
+    )
+    for path, count in facts.bytes_read:
+        read.add_metric([path], count)
+    families.append(read)
+    return families
+
+
+def _scoped_counter(name: str, documentation: str, local: float | None, external: float | None) -> list[Metric]:
+    family = CounterMetricFamily(name, documentation, labels=["scope"])
+    for scope, value in (("local", local), ("external", external)):
+        if value is not None:
+            family.add_metric([scope], value)
+    return [family] if family.samples else []
+
+
+def cache_families(vllm: Snapshot | None, lmcache: Snapshot | None) -> list[Metric]:
+    """Cache effectiveness joined from vLLM's and LMCache's counters (see the module docstring for definitions)."""
+    local_q = vllm.total(names.VLLM_LOCAL_QUERIES) if vllm else None
+    local_h = vllm.total(names.VLLM_LOCAL_HITS) if vllm else None
+    external_q = vllm.total(names.VLLM_EXTERNAL_QUERIES) if vllm else None
+    external_h = vllm.total(names.VLLM_EXTERNAL_HITS) if vllm else None
+    bound = lmcache.total(names.LMCACHE_LOOKUP_REQUESTED) if lmcache else None
+    families: list[Metric] = []
+    families += _scoped_counter(
+        "glm53_prefix_cache_queried_tokens",
+        "Prompt tokens looked up in vLLM's local prefix cache (local) or through the KV connector (external).",
+        local_q,
+        external_q,
+    )
+    families += _scoped_counter(
+        "glm53_prefix_cache_hit_tokens",
+        "Prompt tokens found; scope=external counts the tokens served from LMCache.",
+        local_h,
+        external_h,
+    )
+    ratios = GaugeMetricFamily(
+        "glm53_prefix_cache_hit_ratio", "Hit tokens / queried tokens since the vLLM process started.", labels=["scope"]
+    )
+    for scope, value in (("local", _ratio(local_h, local_q)), ("external", _ratio(external_h, external_q))):
+        if value is not None:
+            ratios.add_metric([scope], value)
+    if ratios.samples:
+        families.append(ratios)
+    if bound is not None:
+        families.append(
+            CounterMetricFamily(
+                "glm53_strict_prefix_bound_tokens",
+                "Sum over LMCache lookups of the most each could be served (chunk-aligned, strict-prefix) tokens.",
+                value=bound,
+            )
+        )
+    families += _gauge(
+        "glm53_strict_prefix_bound_achieved_ratio",
+        "Tokens served from LMCache / glm53_strict_prefix_bound_tokens_total.",
+        _ratio(external_h, bound),
+    )
+    return families
+
+
+class Glm53Collector(Collector):
+    """Joins log facts with upstream metrics at every scrape; register it on an injected `CollectorRegistry`."""
+
+    def __init__(
+        self,
+        logs: LogSource,
+        upstreams: Sequence[Upstream],
+        scraper: Scraper,
+    ) -> None:
+        self._logs = logs
+        self._upstreams = tuple(upstreams)
+        self._scraper = scraper
+        # Prometheus (and an operator's curl) may scrape concurrently; the followers and counters are not re-entrant.
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=max(1, len(self._upstreams)), thread_name_prefix="glm53-scrape")
+        self._errors = {(u.target, reason): 0 for u in self._upstreams for reason in ERROR_REASONS}
+        self._restarts = {u.target: 0 for u in self._upstreams}
+        self._previous: dict[str, Snapshot] = {}
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    def collect(self) -> Iterable[Metric]:
+        with self._lock:
+            return self._collect_locked()
+
+    def _scrape_one(self, upstream: Upstream) -> Snapshot | UpstreamError:
+        try:
+            return self._scraper(upstream.url)
+        except UpstreamError as error:
+            return error
+
+    def _account(self, results: Mapping[str, Snapshot | UpstreamError]) -> dict[str, Snapshot]:
+        """Update error and restart counters; return the snapshots of the upstreams that answered."""
+        good: dict[str, Snapshot] = {}
+        for target, result in results.items():
+            if isinstance(result, UpstreamError):
+                self._errors[(target, result.reason)] += 1
+                continue
+            previous = self._previous.get(target)
+            if previous is not None and restarted(previous, result):
+                self._restarts[target] += 1
+            self._previous[target] = result
+            good[target] = result
+        return good
+
+    def _collect_locked(self) -> list[Metric]:
+        started = time.perf_counter()
+        # Both upstreams are scraped at once (a slow one costs its timeout once) while this thread reads the logs.
+        pending = {u.target: self._pool.submit(self._scrape_one, u) for u in self._upstreams}
+        facts = self._logs.poll()
+        snapshots = self._account({target: future.result() for target, future in pending.items()})
+        families = log_families(facts)
+        families += cache_families(snapshots.get(names.VLLM), snapshots.get(names.LMCACHE))
+        lmcache = snapshots.get(names.LMCACHE)
+        if lmcache is not None:
+            families += lmcache.families_with_prefix(names.LMCACHE_PASSTHROUGH_PREFIXES)
+        families += self._health_families(snapshots)
+        families.append(
+            GaugeMetricFamily(
+                "glm53_scrape_duration_seconds",
+                "Time this scrape took: both upstream scrapes plus reading the new log bytes.",
+                value=time.perf_counter() - started,
+            )
+        )
+        return families
+
+    def _health_families(self, snapshots: Mapping[str, Snapshot]) -> list[Metric]:
+        up = GaugeMetricFamily(
+            "glm53_upstream_up", "1 when the upstream's metrics were scraped and parsed.", labels=["target"]
+        )
+        errors = CounterMetricFamily(
+            "glm53_upstream_errors",
+            "Failed upstream scrapes by target and reason (unreachable, http_status, malformed).",
+            labels=["target", "reason"],
+        )
+        restarts = CounterMetricFamily(
+            "glm53_upstream_restarts",
+            "Upstream restarts seen between two scrapes (process start time changed or counters reset).",
+            labels=["target"],
+        )
+        for upstream in self._upstreams:
+            up.add_metric([upstream.target], 1.0 if upstream.target in snapshots else 0.0)
+            restarts.add_metric([upstream.target], self._restarts[upstream.target])
+        for (target, reason), count in self._errors.items():
+            errors.add_metric([target, reason], count)
+        return [up, errors, restarts]

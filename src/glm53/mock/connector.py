@@ -1,0 +1,63 @@
+"""The `--kv-transfer-config` JSON of the mock vLLM: which connector, and where its LMCache server is.
+
+Mirrors vLLM 0.33 with LMCache's `LMCacheMPConnector`: `kv_connector_extra_config` carries `lmcache.mp.host`
+(default `tcp://localhost`), `lmcache.mp.port` (5555), `lmcache.mp.mq_timeout` (300 s, how long start-up waits for
+the server) and `lmcache.mp.heartbeat_interval` (10 s, how long an unreachable server is skipped while serving).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from glm53.errors import Glm53Error
+
+CONNECTOR = "LMCacheMPConnector"
+DEFAULT_HOST = "tcp://localhost"
+DEFAULT_PORT = 5555
+DEFAULT_MQ_TIMEOUT = 300.0
+DEFAULT_HEARTBEAT_INTERVAL = 10.0
+
+
+@dataclass(frozen=True)
+class ConnectorConfig:
+    url: str
+    mq_timeout: float
+    heartbeat_interval: float
+
+
+def _number(extra: dict[str, Any], key: str, default: float) -> float:
+    value = extra.get(key, default)
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            value = float(value)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise Glm53Error(f"kv_connector_extra_config {key} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def parse_connector_config(text: str) -> ConnectorConfig:
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise Glm53Error(f"--kv-transfer-config is not valid JSON ({error.msg}); pass a JSON object") from None
+    if not isinstance(config, dict):
+        raise Glm53Error('--kv-transfer-config must be a JSON object, e.g. \'{"kv_connector":"LMCacheMPConnector"}\'')
+    if config.get("kv_connector") != CONNECTOR:
+        raise Glm53Error(
+            f"--kv-transfer-config kv_connector must be {CONNECTOR!r} (the mock emulates only LMCache's MP "
+            f"connector), got {config.get('kv_connector')!r}"
+        )
+    extra = config.get("kv_connector_extra_config") or {}
+    if not isinstance(extra, dict):
+        raise Glm53Error("--kv-transfer-config kv_connector_extra_config must be a JSON object")
+    host = str(extra.get("lmcache.mp.host", DEFAULT_HOST))
+    port = int(_number(extra, "lmcache.mp.port", DEFAULT_PORT))
+    url = f"{host if '://' in host else 'tcp://' + host}:{port}"
+    return ConnectorConfig(
+        url,
+        _number(extra, "lmcache.mp.mq_timeout", DEFAULT_MQ_TIMEOUT),
+        _number(extra, "lmcache.mp.heartbeat_interval", DEFAULT_HEARTBEAT_INTERVAL),
+    )

@@ -1,0 +1,88 @@
+"""The mock "model": a tokenizer, deterministic text, first-token log-probs with run-to-run noise, simulated compute.
+
+The validation protocol compares first-token log-prob distributions cold versus served from LMCache, so that is what
+this model gets right: the most likely first token's log-prob is a prompt-dependent base near the seed's -0.93 plus
+Gaussian noise (sd 0.05) drawn from an RNG seeded by `--seed` and the request counter — the seed notes real outputs are
+not bit-exact — and the distribution is the same cold or cached. The injected recovery-mismatch fault shifts it for
+requests whose whole prompt came from the cache, as a state restored for L tokens while L-1 were credited would.
+Compute is a sleep proportional to the tokens actually prefilled, so a cache hit measurably cuts TTFT, but quickly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+FIRST_TOKEN_BASE_LOGPROB = -0.93
+BASE_SPREAD = 0.04  # prompt-dependent offset range around the base
+NOISE_SD = 0.05
+# The first-token log-prob shift of a request whose full prompt was restored from the cache under the fault.
+RECOVERY_MISMATCH_SHIFT = -0.4
+FOLLOWING_TOKEN_LOGPROB = -0.08
+
+# Invented KV bytes per token, for the L1 budget only: GLM-5.3 keeps a 576-wide bf16 MLA latent in each of 78 layers;
+# GLM-5.3-Flash's 11 sparse-MLA layers plus amortised KDA state snapshots come to far less.
+BYTES_PER_TOKEN = {"glm53": 78 * 576 * 2, "glm53-flash": 16384}
+
+_VOCABULARY = (
+    *("the", "answer", "is", "in", "section", "paragraph", "document", "states", "that", "according", "to"),
+    *("report", "value", "total", "year", "revenue", "growth", "customer", "contract", "clause", "date", "amount"),
+    *("party", "agreement", "term", "notice", "because", "therefore", "however", "which"),
+)
+
+
+def _hash_int(*parts: object) -> int:
+    text = "\x1f".join(map(str, parts)).encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big")
+
+
+def tokenize(text: str) -> list[int]:
+    """One token per whitespace-separated word (the mocks' tokenizer rule), as a stable 32-bit id."""
+    return [_hash_int(word) & 0xFFFFFFFF for word in text.split()]
+
+
+def prompt_fingerprint(tokens: Sequence[int]) -> int:
+    return _hash_int(*tokens)
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One completion: its words and the log-prob of each, plus top alternatives for the first position."""
+
+    words: tuple[str, ...]
+    logprobs: tuple[float, ...]
+    first_alternatives: tuple[tuple[str, float], ...]
+
+
+def first_token_logprob(fingerprint: int, seed: int, counter: int, shift: float) -> float:
+    base = FIRST_TOKEN_BASE_LOGPROB + BASE_SPREAD * ((fingerprint % 1001) / 1000 - 0.5)
+    noise = random.Random(f"{seed}:{counter}").gauss(0.0, NOISE_SD)
+    return min(base + noise + shift, -1e-3)
+
+
+def generate(tokens: Sequence[int], max_tokens: int, seed: int, counter: int, shift: float = 0.0) -> Generation:
+    """Deterministic words from the prompt's hash; only the first token's log-prob carries the per-request noise."""
+    fingerprint = prompt_fingerprint(tokens)
+    words = tuple(_VOCABULARY[_hash_int(fingerprint, i) % len(_VOCABULARY)] for i in range(max_tokens))
+    first = first_token_logprob(fingerprint, seed, counter, shift)
+    logprobs = (first, *(FOLLOWING_TOKEN_LOGPROB for _ in words[1:]))
+    alternatives = tuple(
+        (_VOCABULARY[(_hash_int(fingerprint, "alt", i)) % len(_VOCABULARY)], first - 0.6 * i) for i in range(1, 6)
+    )
+    return Generation(words, logprobs[: len(words)], alternatives)
+
+
+@dataclass(frozen=True)
+class ComputeCost:
+    """Simulated seconds of compute: prefill per uncached prompt token, decode per generated token."""
+
+    prefill_seconds_per_token: float
+    decode_seconds_per_token: float
+
+    def prefill(self, uncached_tokens: int) -> float:
+        return uncached_tokens * self.prefill_seconds_per_token
+
+    def decode(self, generated_tokens: int) -> float:
+        return generated_tokens * self.decode_seconds_per_token

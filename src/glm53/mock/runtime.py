@@ -1,0 +1,83 @@
+"""Process plumbing both mock servers share: binding listeners with one-line errors, and a clean SIGTERM/SIGINT stop.
+
+Kubernetes stops a container with SIGTERM and the main job with SIGINT; both must end the mock with status 0 after
+closing its sockets, never with a traceback. A taken port is a person's mistake (another server, a stale process),
+so it becomes a one-line `Glm53Error` naming the address and the flag to change.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import FrameType
+
+from glm53.errors import EXIT_FAILURE, Glm53Error
+
+
+def bind_error(what: str, host: str, port: int, reason: str, flag: str) -> Glm53Error:
+    return Glm53Error(
+        f"cannot bind the {what} to {host}:{port}: {reason}; stop the process using it or choose another {flag}",
+        EXIT_FAILURE,
+    )
+
+
+class MockHTTPServer(ThreadingHTTPServer):
+    """A threading HTTP server whose request threads never block exit.
+
+    SO_REUSEADDR lets a restarted server rebind a port whose old connections linger in TIME_WAIT; on Linux it still
+    refuses a port another socket is listening on, so a taken port fails as it should. SO_REUSEPORT stays off.
+    """
+
+    daemon_threads = True
+    allow_reuse_address = True
+    allow_reuse_port = False
+
+
+def bind_http(what: str, host: str, port: int, handler: type[BaseHTTPRequestHandler], flag: str) -> MockHTTPServer:
+    try:
+        return MockHTTPServer((host, port), handler)
+    except OSError as error:
+        raise bind_error(what, host, port, error.strerror or str(error), flag) from None
+
+
+def serve_in_background(server: MockHTTPServer) -> threading.Thread:
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    thread.start()
+    return thread
+
+
+def stop_on_signals() -> threading.Event:
+    """An event set by the first SIGTERM or SIGINT; the servers poll it instead of dying mid-write."""
+    stop = threading.Event()
+
+    def handler(_signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, handler)
+    return stop
+
+
+class JsonHandler(BaseHTTPRequestHandler):
+    """Request handler base: JSON in and out, HTTP/1.1 keep-alive, and no access log on stderr."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Request lines would drown the start-up lines the probe reads."""
+
+    def send_body(self, status: int, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def send_json(self, status: int, payload: object) -> None:
+        self.send_body(status, json.dumps(payload).encode(), "application/json")
+
+    def read_body(self) -> bytes:
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length > 0 else b""

@@ -1,0 +1,143 @@
+"""What validation found, as a readable summary for a person and as JSON for a machine.
+
+The summary leads with the numbers the seed's validation table shows (LMCache hit tokens and the mean first-token
+log-prob per condition, Welch's p), then the boundary table, then the serial timing, then PASS/FAIL with the reasons.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from glm53.errors import Glm53Error
+from glm53.validate.protocol import BoundaryResult, EquivalenceResult, PerfResult, PerfSample, RunSample
+
+
+@dataclass(frozen=True)
+class ValidationReport:
+    base_url: str
+    model: str
+    profile: str
+    equivalence: EquivalenceResult | None
+    boundary: BoundaryResult | None
+    perf: PerfResult | None
+    seconds: float
+
+    @property
+    def results(self) -> list[EquivalenceResult | BoundaryResult | PerfResult]:
+        return [r for r in (self.equivalence, self.boundary, self.perf) if r is not None]
+
+    @property
+    def passed(self) -> bool:
+        return all(r.passed for r in self.results)
+
+    @property
+    def failures(self) -> list[str]:
+        return [failure for r in self.results for failure in r.failures]
+
+
+def render_text(report: ValidationReport) -> str:
+    lines = [f"validation of {report.model} at {report.base_url} (profile {report.profile})"]
+    if report.equivalence is not None:
+        lines += _equivalence_lines(report.equivalence)
+    if report.boundary is not None:
+        lines += _boundary_lines(report.boundary)
+    if report.perf is not None:
+        lines += _perf_lines(report.perf)
+    verdict = "PASS" if report.passed else "FAIL"
+    lines.append(f"result: {verdict} ({len(report.results)} checks in {report.seconds:.1f} s)")
+    lines += [f"  - {failure}" for failure in report.failures]
+    return "\n".join(lines)
+
+
+def _status(passed: bool) -> str:
+    return "pass" if passed else "FAIL"
+
+
+def _mean_hit(samples: Sequence[RunSample] | Sequence[PerfSample]) -> float:
+    return sum(s.hit_tokens for s in samples) / len(samples)
+
+
+def _correct(samples: Sequence[RunSample]) -> str:
+    judged = [s.correct for s in samples if s.correct is not None]
+    return f", {sum(judged)}/{len(judged)} answers correct" if judged else ""
+
+
+def _equivalence_lines(result: EquivalenceResult) -> list[str]:
+    w = result.welch
+    return [
+        f"equivalence [{_status(result.passed)}]: {result.prompt_tokens}-token document-QA prompt, {w.a.n} runs per "
+        "condition, temperature 0",
+        f"  cold (unique cache_salt):        LMCache hit {_mean_hit(result.cold):.0f} tokens, mean first-token "
+        f"log-prob {w.a.mean:.4f} (sd {math.sqrt(w.a.variance):.4f}){_correct(result.cold)}",
+        f"  served from LMCache after reset: LMCache hit {_mean_hit(result.cached):.0f} of {result.prompt_tokens} "
+        f"tokens, mean first-token log-prob {w.b.mean:.4f} (sd {math.sqrt(w.b.variance):.4f}){_correct(result.cached)}",
+        f"  Welch's t-test: t = {w.t:.3f}, df = {w.df:.1f}, p = {w.p:.3g} (alpha {result.alpha:g})",
+    ]
+
+
+def _boundary_lines(result: BoundaryResult) -> list[str]:
+    rule = "strict prefix: floor((L-1)/C)*C" if result.strict_prefix else "whole chunks: floor(L/C)*C"
+    lines = [f"boundary [{_status(result.passed)}]: chunk size C = {result.chunk_size}, {rule}"]
+    lines.append(f"  {'prompt':>8} {'expected':>9} {'served':>7} {'usage':>7}")
+    for row in result.rows:
+        usage = "-" if row.usage_cached_tokens is None else str(row.usage_cached_tokens)
+        mark = "" if row.served_tokens == row.expected_tokens else "  <-"
+        lines.append(f"  {row.prompt_tokens:>8} {row.expected_tokens:>9} {row.served_tokens:>7} {usage:>7}{mark}")
+    return lines
+
+
+def _perf_lines(result: PerfResult) -> list[str]:
+    def mean_ms(samples: Sequence[PerfSample], ttft: bool) -> str:
+        values = [s.ttft_seconds if ttft else s.total_seconds for s in samples]
+        return f"{1000 * sum(values) / len(values):.1f} ms"
+
+    return [
+        f"perf [{_status(result.passed)}]: {len(result.cold)} serial requests per condition",
+        f"  cold:     mean TTFT {mean_ms(result.cold, True)}, mean total {mean_ms(result.cold, False)}",
+        f"  reloaded: mean TTFT {mean_ms(result.cached, True)}, mean total {mean_ms(result.cached, False)}, "
+        f"LMCache hit {_mean_hit(result.cached):.0f} tokens",
+        f"  TTFT cold/reloaded {result.ttft_speedup:.2f}x, total {result.total_speedup:.2f}x, identical outputs "
+        f"{100 * result.identical_share:.0f}%",
+    ]
+
+
+def as_json(report: ValidationReport) -> dict[str, Any]:
+    """The whole report, with derived figures (pass/fail, speed-ups) and non-finite numbers as null."""
+    data: dict[str, Any] = _finite(dataclasses.asdict(report))
+    data["passed"] = report.passed
+    data["failures"] = report.failures
+    for name, result in (("equivalence", report.equivalence), ("boundary", report.boundary), ("perf", report.perf)):
+        if result is not None:
+            data[name]["passed"] = result.passed
+    if report.perf is not None:
+        data["perf"] |= {
+            "ttft_speedup": report.perf.ttft_speedup,
+            "total_speedup": report.perf.total_speedup,
+            "identical_share": report.perf.identical_share,
+        }
+    return data
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def write_json(report: ValidationReport, path: Path) -> None:
+    try:
+        path.write_text(json.dumps(as_json(report), indent=2) + "\n", encoding="utf-8")
+    except OSError as error:
+        raise Glm53Error(
+            f"cannot write the JSON report to {str(path)!r} ({error}); pick a writable --json path"
+        ) from None

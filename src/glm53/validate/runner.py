@@ -1,0 +1,69 @@
+"""Run the chosen checks in the protocol's order against one server and gather them into a report.
+
+Shared by `glm53 validate` (against any deployment) and `glm53 pod` (against the CPU-mock pod it just started).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from glm53.profiles import ModelProfile
+from glm53.validate.client import VllmClient
+from glm53.validate.progress import Progress
+from glm53.validate.prompts import QaPrompt, document_qa_prompt
+from glm53.validate.protocol import CHECKS, Target, check_boundary, check_equivalence, check_perf
+from glm53.validate.report import ValidationReport
+
+DEFAULT_RUNS = 16  # the seed's 16 runs per condition
+DEFAULT_ALPHA = 0.05
+DEFAULT_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class ValidationConfig:
+    base_url: str
+    profile: ModelProfile
+    checks: tuple[str, ...] = CHECKS
+    runs: int = DEFAULT_RUNS
+    alpha: float = DEFAULT_ALPHA
+    # The chunk size the LMCache server runs with; None means the profile's recommended one.
+    chunk_size: int | None = None
+    prompt: QaPrompt = field(default_factory=document_qa_prompt)
+    # The served model to ask; None means the first one /v1/models lists.
+    model: str | None = None
+    timeout: float = DEFAULT_TIMEOUT
+
+    @property
+    def effective_chunk_size(self) -> int:
+        return self.chunk_size or self.profile.recommended_chunk_size
+
+
+def run_validation(config: ValidationConfig, progress: Progress) -> ValidationReport:
+    start = time.perf_counter()
+    client = VllmClient(config.base_url, config.timeout)
+    progress.step(f"validate: connecting to {client.base_url}")
+    target = Target.connect(client, config.model, progress)
+    try:
+        equivalence = (
+            check_equivalence(target, config.prompt, config.runs, config.alpha)
+            if "equivalence" in config.checks
+            else None
+        )
+        boundary = (
+            check_boundary(target, config.effective_chunk_size, config.profile.strict_prefix)
+            if "boundary" in config.checks
+            else None
+        )
+        perf = check_perf(target, config.prompt, config.runs) if "perf" in config.checks else None
+    finally:
+        progress.done()
+    return ValidationReport(
+        client.base_url,
+        target.model,
+        config.profile.name,
+        equivalence,
+        boundary,
+        perf,
+        time.perf_counter() - start,
+    )

@@ -1,0 +1,364 @@
+"""The pod's shape per scenario: start order, every flag, probes, loopback binds, GPUs, volumes and security."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from chartkit import (
+    NAMESPACE,
+    RELEASE,
+    Obj,
+    container,
+    flag_value,
+    get,
+    objects,
+    one,
+    pod_spec,
+    render,
+    scenario_values,
+    scenarios,
+)
+
+LOGS = ["--log", "/var/log/glm53/vllm.log", "--log", "/var/log/glm53/lmcache.log"]
+LOOPBACK_PORTS = ("5555", "8080", "9090")
+FLASH_KV = {
+    "kv_connector": "LMCacheMPConnector",
+    "kv_role": "kv_both",
+    "kv_connector_extra_config": {"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": 5555},
+}
+
+
+def scenario(name: str) -> list[Obj]:
+    return render(scenario_values(name))
+
+
+def all_containers(objs: list[Obj]) -> list[Obj]:
+    spec = pod_spec(objs)
+    return [*spec.get("initContainers", []), *spec["containers"]]
+
+
+def supervised(c: Obj) -> tuple[str, list[str]]:
+    """(log file, program + args) of a container run under `glm53 supervise --log FILE -- ...`."""
+    assert c["command"] == ["glm53", "supervise"]
+    args: list[str] = c["args"]
+    assert args[0] == "--log" and args[2] == "--", args[:3]
+    return args[1], args[3:]
+
+
+# --- start order and the exact command lines ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["default", "glm53", "mock", "mock-glm53"])
+def test_lmcache_is_a_native_sidecar_started_before_vllm(name: str) -> None:
+    spec = pod_spec(scenario(name))
+    assert [c["name"] for c in spec["initContainers"]] == ["lmcache"]
+    assert get(spec, "initContainers[0].restartPolicy") == "Always"
+    assert spec["containers"][0]["name"] == "vllm"
+    assert get(spec, "initContainers[0].startupProbe.exec.command")[:2] == ["python3", "-c"]
+
+
+def test_default_flash_command_lines_are_exact() -> None:
+    objs = scenario("default")
+    log, program = supervised(container(objs, "lmcache"))
+    assert log == "/var/log/glm53/lmcache.log"
+    assert program == [
+        "lmcache", "server", "--host", "127.0.0.1", "--port", "5555", "--chunk-size", "1152",
+        "--separate-object-groups", "--l1-size-gb", "100", "--eviction-policy", "LRU",
+        "--http-host", "127.0.0.1", "--http-port", "8080", "--prometheus-port", "9090",
+        "--no-run-script-api-enabled",
+    ]  # fmt: skip
+    log, program = supervised(container(objs, "vllm"))
+    assert log == "/var/log/glm53/vllm.log"
+    assert program[:3] == ["vllm", "serve", "zai-org/GLM-5.3-Flash"]
+    assert json.loads(flag_value(program, "--kv-transfer-config")) == FLASH_KV
+    assert program[3:] == [
+        "--host", "0.0.0.0", "--port", "8000", "--tensor-parallel-size", "4", "--enable-prefix-caching",
+        "--kv-transfer-config", flag_value(program, "--kv-transfer-config"),
+        "--limit-mm-per-prompt", '{"image":0,"video":0}',
+        "--tokenizer-mode", "glm5_next", "--tool-call-parser", "glm47", "--reasoning-parser", "glm47",
+        "--kv-cache-dtype", "auto",
+    ]  # fmt: skip
+    assert "--speculative-config" not in program
+
+
+def test_glm53_command_lines() -> None:
+    objs = scenario("glm53")
+    _, lmcache = supervised(container(objs, "lmcache"))
+    _, vllm = supervised(container(objs, "vllm"))
+    assert flag_value(lmcache, "--chunk-size") == "256"
+    assert vllm[:3] == ["vllm", "serve", "zai-org/GLM-5.3"]
+    assert flag_value(vllm, "--tensor-parallel-size") == "8"
+    assert "--limit-mm-per-prompt" not in vllm and "--tokenizer-mode" not in vllm
+    assert flag_value(vllm, "--tool-call-parser") == "glm47"
+
+
+@pytest.mark.parametrize(("name", "real"), [("mock", "default"), ("mock-glm53", "glm53")])
+def test_mock_mode_runs_the_mocks_with_the_real_flags(name: str, real: str) -> None:
+    mock, gpu = scenario(name), scenario(real)
+    _, mock_vllm = supervised(container(mock, "vllm"))
+    _, real_vllm = supervised(container(gpu, "vllm"))
+    profile = scenario_values(name).get("profile", "glm53-flash")
+    # `glm53 mock vllm MODEL --profile P` + exactly the real flags + the mock's load time.
+    assert mock_vllm[:6] == ["glm53", "mock", "vllm", real_vllm[2], "--profile", profile]
+    assert mock_vllm[6:] == [*real_vllm[3:], "--load-seconds", "5"]
+    _, mock_lmcache = supervised(container(mock, "lmcache"))
+    _, real_lmcache = supervised(container(gpu, "lmcache"))
+    assert mock_lmcache[:3] == ["glm53", "mock", "lmcache"]
+    expected = [*real_lmcache[2:-1], "--generation", "released"]
+    expected[expected.index("--l1-size-gb") + 1] = "1"
+    assert mock_lmcache[3:] == expected
+    assert all(c["image"] == "glm53/mock:0.1.0" for c in all_containers(mock))
+
+
+def test_negotiating_mock_passes_no_chunk_size() -> None:
+    objs = scenario("mock-negotiating")
+    _, lmcache = supervised(container(objs, "lmcache"))
+    assert "--chunk-size" not in lmcache
+    assert flag_value(lmcache, "--generation") == "negotiating"
+    assert "--chunk-size" not in get(container(objs, "vllm"), "startupProbe.exec.command")
+
+
+def test_exporter_container_reads_the_logs_and_both_metric_endpoints() -> None:
+    objs = scenario("monitoring")
+    exporter = container(objs, "exporter")
+    assert exporter["command"] == ["glm53", "exporter"]
+    assert exporter["args"] == [
+        *LOGS, "--profile", "glm53-flash", "--tensor-parallel-size", "4", "--chunk-size", "1152",
+        "--vllm-url", "http://127.0.0.1:8000", "--lmcache-url", "http://127.0.0.1:9090",
+        "--port", "9400", "--host", "0.0.0.0",
+    ]  # fmt: skip
+    assert get(exporter, "ports[name=metrics].containerPort") == 9400
+    assert get(exporter, "volumeMounts[name=logs].readOnly") is True
+    assert [c["name"] for c in pod_spec(objs)["containers"]] == ["vllm", "exporter"]
+
+
+# --- probes ------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["default", "glm53", "mock", "mock-glm53"])
+def test_startup_probe_runs_glm53_probe_with_a_budget_of_an_hour(name: str) -> None:
+    objs = scenario(name)
+    vllm = container(objs, "vllm")
+    profile = scenario_values(name).get("profile", "glm53-flash")
+    tp, chunk = ("8", "256") if profile == "glm53" else ("4", "1152")
+    assert get(vllm, "startupProbe.exec.command") == [
+        "glm53", "probe", "startup", "--profile", profile, "--tensor-parallel-size", tp, "--chunk-size", chunk,
+        *LOGS, "--state-dir", "/var/log/glm53/.probe",
+    ]  # fmt: skip
+    budget = get(vllm, "startupProbe.periodSeconds") * get(vllm, "startupProbe.failureThreshold")
+    assert budget >= 60 * 60
+
+
+def test_readiness_checks_health_and_the_served_model_and_liveness_checks_health() -> None:
+    vllm = container(scenario("default"), "vllm")
+    command = get(vllm, "readinessProbe.exec.command")
+    assert command[:2] == ["python3", "-c"]
+    script = command[2]
+    assert "http://127.0.0.1:8000/health" in script and "http://127.0.0.1:8000/v1/models" in script
+    assert '"zai-org/GLM-5.3-Flash" in ids' in script
+    compile(script, "readiness", "exec")  # valid Python
+    assert get(vllm, "livenessProbe.httpGet") == {"path": "/health", "port": "http"}
+    lmcache_probe = get(container(scenario("default"), "lmcache"), "startupProbe.exec.command")
+    assert "http://127.0.0.1:8080/healthcheck" in lmcache_probe[2]
+    compile(lmcache_probe[2], "lmcache", "exec")
+
+
+def test_served_model_name_is_what_readiness_expects() -> None:
+    vllm = container(render({"vllm": {"servedModelName": "flash"}}), "vllm")
+    assert flag_value(vllm["args"], "--served-model-name") == "flash"
+    assert '"flash" in ids' in get(vllm, "readinessProbe.exec.command")[2]
+
+
+def test_without_lmcache_there_is_no_sidecar_and_startup_waits_for_health() -> None:
+    objs = render({"lmcache": {"enabled": False}, "vllm": {"enablePrefixCaching": False}})
+    spec = pod_spec(objs)
+    assert "initContainers" not in spec
+    vllm = container(objs, "vllm")
+    assert "--kv-transfer-config" not in vllm["args"] and "--no-enable-prefix-caching" in vllm["args"]
+    assert get(vllm, "startupProbe.httpGet.path") == "/health"
+
+
+# --- binds, ports, no /run_script ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", scenarios())
+def test_lmcache_binds_loopback_and_never_enables_run_script(name: str) -> None:
+    objs = scenario(name)
+    _, program = supervised(container(objs, "lmcache"))
+    assert flag_value(program, "--host") == "127.0.0.1"
+    assert flag_value(program, "--http-host") == "127.0.0.1"
+    text = json.dumps(objs)
+    assert "--run-script-api-enabled" not in text.replace("--no-run-script-api-enabled", "")
+    assert "LMCACHE_RUN_SCRIPT_API_ENABLED" not in text
+    if not scenario_values(name).get("mock", {}).get("enabled"):
+        assert program[-1] == "--no-run-script-api-enabled"
+    # Only the API (and exporter) ports are declared, exposed or admitted.
+    for c in all_containers(objs):
+        assert {p["containerPort"] for p in c.get("ports", [])} <= {8000, 9400}
+    assert {p["port"] for p in get(one(objs, "Service"), "spec.ports")} <= {8000, 9400}
+    for policy in objects(objs, "NetworkPolicy"):
+        for rule in policy["spec"].get("ingress", []):
+            assert {p["port"] for p in rule["ports"]} <= {"http", "metrics"}
+
+
+def test_network_policy_admits_the_api_from_allowed_namespaces_only() -> None:
+    policy = one(scenario("monitoring"), "NetworkPolicy")
+    assert get(policy, "spec.policyTypes") == ["Ingress"]
+    api, metrics = get(policy, "spec.ingress")
+    assert get(api, "from[0].namespaceSelector.matchExpressions[0].values") == [NAMESPACE, "gateway", "monitoring"]
+    assert get(metrics, "ports[0].port") == "metrics"
+    assert get(metrics, "from[0].namespaceSelector.matchExpressions[0].values") == ["monitoring"]
+    assert get(policy, "spec.podSelector.matchLabels") == {
+        "app.kubernetes.io/name": "glm53",
+        "app.kubernetes.io/instance": RELEASE,
+        "app.kubernetes.io/component": "engine",
+    }
+
+
+# --- GPUs, placement, volumes ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "gpus"), [("default", 4), ("glm53", 8), ("hostpath", 4), ("existing-pvc", 4)])
+def test_gpu_pods_request_tp_gpus_on_h200_nodes(name: str, gpus: int) -> None:
+    objs = scenario(name)
+    spec = pod_spec(objs)
+    assert get(container(objs, "vllm"), "resources.limits.nvidia\\.com/gpu") == gpus
+    assert "nvidia.com/gpu" not in json.dumps(get(container(objs, "lmcache"), "resources"))
+    assert spec["runtimeClassName"] == "nvidia"
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}
+    assert spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert get(container(objs, "lmcache"), "env[name=NVIDIA_VISIBLE_DEVICES].value") == "all"
+    # L1 100 GB + 8 GiB overhead, requested and limited.
+    assert get(container(objs, "lmcache"), "resources.requests.memory") == "108Gi"
+
+
+@pytest.mark.parametrize("name", ["mock", "mock-glm53", "mock-negotiating"])
+def test_mock_pods_request_no_gpus_and_no_gpu_placement(name: str) -> None:
+    objs = scenario(name)
+    spec = pod_spec(objs)
+    assert "nvidia" not in json.dumps(spec)
+    for key in ("runtimeClassName", "nodeSelector", "tolerations"):
+        assert key not in spec
+    assert get(spec, "volumes[name=weights].emptyDir") == {}
+
+
+def test_gpu_access_none_hides_devices_from_the_sidecar() -> None:
+    lmcache = container(render({"lmcache": {"gpuAccess": "none"}}), "lmcache")
+    assert get(lmcache, "env[name=NVIDIA_VISIBLE_DEVICES].value") == "void"
+
+
+def test_deployment_recreates_and_the_pdb_selects_the_pod() -> None:
+    objs = scenario("default")
+    deployment = one(objs, "Deployment")
+    assert get(deployment, "spec.strategy") == {"type": "Recreate"}
+    selector = get(deployment, "spec.selector.matchLabels")
+    assert set(selector) == {"app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component"}
+    assert get(one(objs, "PodDisruptionBudget"), "spec.selector.matchLabels") == selector
+    assert get(one(objs, "Service"), "spec.selector") == selector
+    assert get(deployment, "spec.template.spec.terminationGracePeriodSeconds") == 120
+
+
+@pytest.mark.parametrize("name", scenarios())
+def test_every_object_carries_the_standard_labels(name: str) -> None:
+    for obj in scenario(name):
+        labels = obj["metadata"]["labels"]
+        for key in ("name", "instance", "component", "version", "part-of", "managed-by"):
+            assert f"app.kubernetes.io/{key}" in labels, (obj["kind"], key)
+
+
+def test_shared_volumes_and_weights_sources() -> None:
+    objs = scenario("default")
+    spec = pod_spec(objs)
+    assert get(spec, "volumes[name=shm].emptyDir") == {"medium": "Memory", "sizeLimit": "32Gi"}
+    for name in ("lmcache", "vllm"):
+        mounts = {m["name"]: m["mountPath"] for m in container(objs, name)["volumeMounts"]}
+        assert mounts["logs"] == "/var/log/glm53" and mounts["shm"] == "/dev/shm"
+    assert get(spec, "volumes[name=weights].persistentVolumeClaim.claimName") == f"{RELEASE}-weights"
+    assert get(one(objs, "PersistentVolumeClaim"), "spec.resources.requests.storage") == "1Ti"
+    assert get(container(objs, "vllm"), "env[name=HF_HOME].value") == "/models/huggingface"
+
+    existing = scenario("existing-pvc")
+    assert get(pod_spec(existing), "volumes[name=weights].persistentVolumeClaim") == {
+        "claimName": "glm53-weights",
+        "readOnly": True,
+    }
+    assert objects(existing, "PersistentVolumeClaim") == []
+    vllm = container(existing, "vllm")
+    assert get(vllm, "env[name=HF_HUB_OFFLINE].value") == "1"
+    # The token is a mounted file, never an environment variable.
+    assert "HF_TOKEN" not in {e["name"] for e in vllm["env"]}
+    assert get(vllm, "env[name=HF_TOKEN_PATH].value") == "/var/run/secrets/huggingface/token"
+    assert get(vllm, "volumeMounts[name=hf-token]") == {
+        "name": "hf-token",
+        "mountPath": "/var/run/secrets/huggingface",
+        "readOnly": True,
+    }
+    assert get(pod_spec(existing), "volumes[name=hf-token].secret.secretName") == "hf-token"
+
+    host = pod_spec(scenario("hostpath"))
+    assert get(host, "volumes[name=weights].hostPath") == {"path": "/mnt/nvme/models", "type": "Directory"}
+
+
+# --- security ----------------------------------------------------------------------------------------------------
+
+
+def _pods(objs: list[Obj]) -> list[dict[str, Any]]:
+    specs = [pod_spec(objs)]
+    specs += [p["spec"] for p in objects(objs, "Pod")]
+    return specs
+
+
+@pytest.mark.parametrize("name", scenarios())
+def test_every_container_is_locked_down(name: str) -> None:
+    objs = scenario(name)
+    for spec in _pods(objs):
+        assert spec["automountServiceAccountToken"] is False
+        assert get(spec, "securityContext.runAsNonRoot") is True
+        assert get(spec, "securityContext.runAsUser") == 10001
+        assert get(spec, "securityContext.seccompProfile.type") == "RuntimeDefault"
+        for key in ("hostIPC", "hostPID", "hostNetwork", "shareProcessNamespace"):
+            assert not spec.get(key)
+        for c in [*spec.get("initContainers", []), *spec["containers"]]:
+            context = c["securityContext"]
+            assert context["runAsNonRoot"] is True and context["runAsUser"] == 10001
+            assert context["allowPrivilegeEscalation"] is False
+            assert context["readOnlyRootFilesystem"] is True
+            assert context["capabilities"] == {"drop": ["ALL"]}
+            assert context["seccompProfile"] == {"type": "RuntimeDefault"}
+    account = objects(objs, "ServiceAccount")
+    assert [a["automountServiceAccountToken"] for a in account] == [False]
+
+
+def test_validation_pod_admits_no_traffic() -> None:
+    policies = {p["metadata"]["name"]: p for p in objects(scenario("validation"), "NetworkPolicy")}
+    test_policy = policies[f"{RELEASE}-validate"]
+    assert get(test_policy, "spec.podSelector.matchLabels.app\\.kubernetes\\.io/component") == "validation"
+    assert get(test_policy, "spec.policyTypes") == ["Ingress"] and "ingress" not in test_policy["spec"]
+
+
+def test_dev_mode_only_with_validation() -> None:
+    assert "VLLM_SERVER_DEV_MODE" not in json.dumps(scenario("default"))
+    objs = scenario("validation")
+    assert get(container(objs, "vllm"), "env[name=VLLM_SERVER_DEV_MODE].value") == "1"
+    test_pod = one(objs, "Pod")
+    assert get(test_pod, "metadata.annotations.helm\\.sh/hook") == "test"
+    assert get(test_pod, "spec.containers[0].command") == ["glm53", "validate"]
+    assert get(test_pod, "spec.containers[0].args") == [
+        "--base-url", f"http://{RELEASE}:8000", "--profile", "glm53-flash", "--model", "zai-org/GLM-5.3-Flash",
+        "--chunk-size", "1152", "--checks", "equivalence,boundary",
+    ]  # fmt: skip
+
+
+def test_monitoring_objects() -> None:
+    objs = scenario("monitoring")
+    monitor = one(objs, "ServiceMonitor")
+    assert [e["port"] for e in get(monitor, "spec.endpoints")] == ["http", "metrics"]
+    assert get(monitor, "metadata.labels.release") == "prometheus"
+    rule = one(objs, "PrometheusRule")
+    assert rule["spec"]["groups"], "PrometheusRule carries files/glm53-alerts.yaml"
+    dashboard = one(objs, "ConfigMap")
+    assert get(dashboard, "metadata.labels.grafana_dashboard") == "1"
+    assert json.loads(dashboard["data"]["glm53-dashboard.json"])["panels"]
+    assert [p["name"] for p in get(one(objs, "Service"), "spec.ports")] == ["http", "metrics"]

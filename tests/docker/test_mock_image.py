@@ -1,0 +1,82 @@
+"""The mock image as CI builds it: `ansible/build-images.yml` with `glm53_images: [mock]` against a private engine.
+
+Checks what a user of the image relies on — the tags (toolkit version and git revision), the OCI labels, the numeric
+non-root user and the `glm53 supervise` entrypoint — plus the playbook's promises: `--check` builds and writes nothing,
+and a second run of an unchanged tree changes nothing.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+from conftest import REPO_ROOT, DockerEngine, MockImageBuild, mock_build_vars, run_playbook
+
+pytestmark = pytest.mark.docker
+
+TOOLKIT_VERSION: str = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
+
+
+def _image_ids(engine: DockerEngine) -> set[str]:
+    return {image.id for image in engine.client.images.list(all=True)}
+
+
+def test_check_mode_builds_and_writes_nothing(docker_engine: DockerEngine, debian_base_image: str, tmp_path: Path) -> None:
+    report_path = tmp_path / "report.json"
+    before = _image_ids(docker_engine)
+
+    run = run_playbook("build-images.yml", mock_build_vars(debian_base_image, report_path), docker_engine.env(), "--check")
+
+    assert run.returncode == 0, run.describe()
+    assert _image_ids(docker_engine) == before
+    assert not report_path.exists()
+    build_results = next((results for name, results in run.task_results.items() if "mock | Build " in name), None)
+    assert build_results is not None, f"no build task in {sorted(run.task_results)}"
+    assert [result.get("skipped") for result in build_results] == [True]
+
+
+def test_tags_name_the_version_and_the_revision(docker_engine: DockerEngine, mock_image_build: MockImageBuild) -> None:
+    (entry,) = mock_image_build.report["images"]
+    expected = [f"glm53/mock:{TOOLKIT_VERSION}", f"glm53/mock:{TOOLKIT_VERSION}-g{mock_image_build.revision}"]
+
+    assert entry["image"] == "mock"
+    assert entry["tags"] == expected
+    assert {docker_engine.client.images.get(tag).id for tag in expected} == {entry["id"]}
+    assert mock_image_build.report["builder"] == "legacy"  # Debian's docker.io ships no buildx
+
+
+def test_image_carries_labels_user_and_entrypoint(docker_engine: DockerEngine, mock_image_build: MockImageBuild) -> None:
+    config = docker_engine.client.images.get(mock_image_build.report["images"][0]["id"]).attrs["Config"]
+    labels = config["Labels"]
+
+    assert labels["org.opencontainers.image.version"] == TOOLKIT_VERSION
+    assert labels["org.opencontainers.image.revision"] == mock_image_build.report["revision"]
+    assert labels["org.opencontainers.image.created"] == mock_image_build.report["created"]
+    assert labels["org.opencontainers.image.base.name"] == "glm53/debian-base:bookworm"
+    assert config["User"] == "10001:10001"
+    assert config["Entrypoint"] == ["glm53", "supervise"]
+
+
+def test_log_directory_is_writable_by_the_image_user(
+    docker_engine: DockerEngine, mock_image_build: MockImageBuild
+) -> None:
+    output = docker_engine.client.containers.run(
+        mock_image_build.report["images"][0]["id"],
+        entrypoint=["glm53", "supervise", "--log", "/var/log/glm53/probe.log", "--", "id", "-u"],
+        network_mode="none",
+        remove=True,
+    )
+
+    assert output.decode().strip() == "10001"
+
+
+def test_second_run_changes_nothing(docker_engine: DockerEngine, mock_image_build: MockImageBuild) -> None:
+    run = run_playbook(
+        "build-images.yml",
+        mock_build_vars("glm53/debian-base:bookworm", mock_image_build.report_path),
+        docker_engine.env(),
+    )
+
+    assert run.returncode == 0, run.describe()
+    assert run.stats["changed"] == 0, run.describe()

@@ -1,0 +1,168 @@
+"""The alert rules and the Grafana dashboard: valid YAML/JSON, PromQL that a real parser accepts, and only metric names
+that really exist: those the exporter serves (its own and the LMCache families it passes through) and those vLLM 0.33
+serves, taken from the mock servers' registries, which mirror the upstream names (see glm53.mock)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import promql_parser
+import pytest
+import yaml
+from exporter_fakes import LMCACHE_URL, VLLM_URL, copy_logs, wired
+from prometheus_client import generate_latest
+
+from glm53.mock.lmcache_metrics import LMCacheMetrics
+from glm53.mock.store import ChunkStore
+from glm53.mock.vllm_metrics import VllmMetrics
+
+REPO = Path(__file__).resolve().parents[2]
+ALERTS = REPO / "charts/glm53/files/glm53-alerts.yaml"
+DASHBOARD = REPO / "charts/glm53/files/glm53-dashboard.json"
+RUNBOOK = REPO / "docs/runbook.md"
+# The chart embeds the alerts under a PrometheusRule's `spec:` with .Files.Get, so the file has no `---` start marker.
+YAMLLINT_CONFIG = "{extends: default, rules: {line-length: {max: 120}, document-start: disable}}"
+# Grafana fills these in before a query reaches Prometheus; any valid duration stands in for the parser.
+GRAFANA_DURATIONS = {"$__rate_interval": "5m", "$__interval": "1m", "$__range": "1h"}
+
+
+def _sample_names(page: str) -> set[str]:
+    return {line.split("{")[0].split(" ")[0] for line in page.splitlines() if line and not line.startswith("#")}
+
+
+@pytest.fixture(scope="module")
+def known_metrics(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
+    """Every sample name the exporter serves when fed the mocks' pages, plus vLLM's own (scraped directly)."""
+    vllm = VllmMetrics("zai-org/GLM-5.3-Flash", lambda: 0.0)
+    for counter, tokens in ((vllm.prefix_queries, 8507), (vllm.external_queries, 8507), (vllm.external_hits, 8064)):
+        counter.inc(tokens)  # ratios exist only once something was queried
+    lmcache = LMCacheMetrics(ChunkStore(1 << 30, "LRU"))
+    lmcache.record_lookup(requested_tokens=8064, hit_tokens=8064, hit_chunks=7)
+    vllm_page = generate_latest(vllm.registry).decode()
+    lmcache_page = generate_latest(lmcache.registry).decode()
+    with wired(list(copy_logs(tmp_path_factory.mktemp("logs"))), {VLLM_URL: vllm_page, LMCACHE_URL: lmcache_page}) as (
+        registry,
+        _,
+    ):
+        exporter = {sample.name for family in registry.collect() for sample in family.samples}
+    # Sanity of the source: the log facts, the joined ratios and LMCache's passed-through families are all there.
+    assert {"glm53_geometry_info", "glm53_prefix_cache_hit_ratio", "lmcache_mp_l1_memory_usage_bytes"} <= exporter
+    return exporter | _sample_names(vllm_page)
+
+
+def _alert_rules() -> list[dict[str, Any]]:
+    document = yaml.safe_load(ALERTS.read_text())
+    return [rule for group in document["groups"] for rule in group["rules"]]
+
+
+def _dashboard_queries() -> list[str]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    queries = [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
+    for expr in list(queries):
+        for variable, duration in GRAFANA_DURATIONS.items():
+            expr = expr.replace(variable, duration)
+        queries.append(expr)
+    return [q for q in queries if "$__" not in q]
+
+
+def _metric_names(expr: str) -> set[str]:
+    found: set[str] = set()
+
+    def visit(node: promql_parser.Expr) -> None:
+        if isinstance(node, promql_parser.VectorSelector):
+            assert node.name, f"selector without a metric name in {expr!r}"
+            found.add(node.name)
+
+    promql_parser.walk(promql_parser.parse(expr), visit)
+    return found
+
+
+def _anchors(markdown: str) -> set[str]:
+    """GitHub's heading anchors: lower-case, punctuation dropped, spaces to dashes."""
+    headings = re.findall(r"^#+\s+(.+?)\s*$", markdown, flags=re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", h).strip().lower().replace(" ", "-") for h in headings}
+
+
+def test_alerts_file_passes_yamllint() -> None:
+    command = [sys.executable, "-m", "yamllint", "--strict", "-f", "parsable", "-d", YAMLLINT_CONFIG, str(ALERTS)]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    assert (result.returncode, result.stdout + result.stderr) == (0, "")
+
+
+def test_alerts_file_is_plain_yaml_without_helm_templating() -> None:
+    text = ALERTS.read_text()
+    assert "{{ ." not in text and "{{- " not in text and "{{ include" not in text
+    assert set(yaml.safe_load(text)) == {"groups"}
+
+
+def test_every_alert_has_summary_description_and_a_runbook_section() -> None:
+    anchors = _anchors(RUNBOOK.read_text())
+    rules = _alert_rules()
+    assert {r["alert"] for r in rules} >= {
+        "Glm53GeometryMismatch",
+        "Glm53LMCacheUnreachable",
+        "Glm53LMCacheRestarting",
+        "Glm53ExternalHitRatioCollapsed",
+        "Glm53ExporterScrapeFailing",
+        "Glm53UpstreamScrapeErrors",
+    }
+    for rule in rules:
+        annotations = rule["annotations"]
+        assert annotations["summary"] and "Next step" in annotations["description"], rule["alert"]
+        path, _, anchor = annotations["runbook_url"].partition("#")
+        assert path == "docs/runbook.md" and anchor == rule["alert"].lower(), rule["alert"]
+        assert anchor in anchors, f"{rule['alert']}: no section '{anchor}' in docs/runbook.md"
+        assert rule["labels"]["severity"] in {"critical", "warning"}
+
+
+def test_alert_expressions_parse_and_use_only_real_metrics(known_metrics: set[str]) -> None:
+    for rule in _alert_rules():
+        names = _metric_names(rule["expr"])
+        assert names, rule["alert"]
+        assert names <= known_metrics, f"{rule['alert']} uses unknown metrics {sorted(names - known_metrics)}"
+
+
+def test_dashboard_queries_parse_and_use_only_real_metrics(known_metrics: set[str]) -> None:
+    queries = _dashboard_queries()
+    assert len(queries) >= 10
+    for expr in queries:
+        names = _metric_names(expr)
+        assert names <= known_metrics, f"{expr!r} uses unknown metrics {sorted(names - known_metrics)}"
+
+
+def test_dashboard_has_the_panels_an_operator_opens_first() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    pod_query = variables["pod"]["definition"]
+    assert re.fullmatch(r"label_values\((\w+), pod\)", pod_query), pod_query
+    panels = [p for p in dashboard["panels"] if p["type"] != "row"]
+    assert all(p["datasource"]["uid"] == "${datasource}" for p in panels)
+    exprs = {p["title"]: " ".join(t["expr"] for t in p["targets"]) for p in panels}
+    assert "glm53_geometry_matches_profile" in exprs["Geometry matches profile"]
+    ratios = exprs["Prefix-cache hit ratios"]
+    assert "glm53_prefix_cache_hit_tokens_total" in ratios and "glm53_strict_prefix_bound_tokens_total" in ratios
+    assert 'scope="external"' in exprs["Tokens served from LMCache"]
+    ttft = exprs["Time to first token"]
+    assert "histogram_quantile(" in ttft and "vllm:time_to_first_token_seconds_bucket" in ttft
+    assert "lmcache_mp_l1_memory_usage_bytes" in exprs["LMCache L1 memory"]
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+
+
+def test_the_pod_variable_reads_an_exporter_metric(known_metrics: set[str]) -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    pod = next(v for v in dashboard["templating"]["list"] if v["name"] == "pod")
+    match = re.fullmatch(r"label_values\((\w+), pod\)", pod["definition"])
+    assert match is not None and match.group(1) in known_metrics
+
+
+def test_every_exporter_metric_is_in_the_runbook_reference(known_metrics: set[str]) -> None:
+    reference = RUNBOOK.read_text().split("## Metric reference", 1)[1]
+    documented = set(re.findall(r"^\| `(glm53_\w+)", reference, flags=re.MULTILINE))
+    assert {name for name in known_metrics if name.startswith("glm53_")} == documented

@@ -1,0 +1,80 @@
+"""Scraping upstreams over real loopback HTTP: good pages parse, every kind of broken upstream is one error reason."""
+
+from __future__ import annotations
+
+import pytest
+from exporter_fakes import LMCACHE_PAGE, VLLM_PAGE, free_port, http_pages, silent_listener
+
+from glm53.errors import Glm53Error
+from glm53.exporter.upstream import (
+    REASON_HTTP_STATUS,
+    REASON_MALFORMED,
+    REASON_UNREACHABLE,
+    UpstreamError,
+    metrics_url,
+    parse_exposition,
+    restarted,
+    scrape,
+)
+
+
+def test_a_metrics_page_is_scraped_and_summed_over_label_sets() -> None:
+    page = VLLM_PAGE + 'vllm:external_prefix_cache_hits_total{engine="1",model_name="zai-org/GLM-5.3-Flash"} 36.0\n'
+    with http_pages({"/metrics": (200, page)}) as base:
+        snapshot = scrape(metrics_url(base))
+    assert snapshot.total("vllm:external_prefix_cache_hits_total") == 8064 + 36
+    assert snapshot.total("vllm:no_such_metric_total") is None
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "reason"),
+    [
+        (500, "internal error", REASON_HTTP_STATUS),
+        (200, "<html><body>LMCache admin</body></html>\n", REASON_MALFORMED),
+        (200, 'vllm:prefix_cache_hits_total{engine="0" 5\n', REASON_MALFORMED),
+    ],
+)
+def test_a_broken_upstream_is_one_error_with_its_reason(status: int, body: str, reason: str) -> None:
+    with http_pages({"/metrics": (status, body)}) as base, pytest.raises(UpstreamError) as caught:
+        scrape(f"{base}/metrics")
+    assert caught.value.reason == reason
+
+
+def test_a_closed_port_is_unreachable() -> None:
+    with pytest.raises(UpstreamError) as caught:
+        scrape(f"http://127.0.0.1:{free_port()}/metrics", timeout=1.0)
+    assert caught.value.reason == REASON_UNREACHABLE
+
+
+def test_a_hung_upstream_costs_one_timeout_and_is_unreachable() -> None:
+    with silent_listener() as base, pytest.raises(UpstreamError) as caught:
+        scrape(f"{base}/metrics", timeout=0.2)
+    assert caught.value.reason == REASON_UNREACHABLE
+    assert "timed out" in caught.value.detail
+
+
+def test_metrics_url_appends_the_path_only_to_a_bare_address() -> None:
+    assert metrics_url("http://127.0.0.1:9090") == "http://127.0.0.1:9090/metrics"
+    assert metrics_url("http://127.0.0.1:8000/") == "http://127.0.0.1:8000/metrics"
+    assert metrics_url("http://127.0.0.1:8000/custom/metrics") == "http://127.0.0.1:8000/custom/metrics"
+
+
+def test_a_url_without_scheme_is_refused_with_a_sentence() -> None:
+    with pytest.raises(Glm53Error) as caught:
+        metrics_url("127.0.0.1:9090")
+    assert caught.value.message == (
+        "expected an http(s) URL such as http://127.0.0.1:8000, got '127.0.0.1:9090'; fix the URL flag"
+    )
+
+
+def test_restart_evidence() -> None:
+    before = parse_exposition(LMCACHE_PAGE)
+    assert not restarted(before, before)
+    grown = parse_exposition(LMCACHE_PAGE.replace("16128.0", "20000.0"))
+    assert not restarted(before, grown)
+    assert restarted(grown, before)  # a counter went backwards
+    new_process = parse_exposition(LMCACHE_PAGE.replace("1.7963e+09", "1.7964e+09"))
+    assert restarted(before, new_process)
+    lines = LMCACHE_PAGE.splitlines(keepends=True)
+    vanished = parse_exposition("".join(line for line in lines if "lookup_hit_tokens" not in line))
+    assert restarted(before, vanished)

@@ -1,0 +1,225 @@
+"""Chunk arithmetic with the seeds' numbers, its properties, and `glm53 chunk` on the command line."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from glm53.chunks import (
+    coverage,
+    is_valid_chunk_size,
+    negotiate_chunk_size,
+    parse_groups,
+    parse_positive,
+    recommend,
+    required_alignment,
+    round_up,
+    served_tokens,
+)
+from glm53.commands.chunk import parse_prompt_lengths
+from glm53.errors import Glm53Error
+
+FLASH_GROUPS = (1152, 1152, 1152, 1152, 1152, 0)
+
+
+@pytest.mark.parametrize(
+    ("length", "chunk", "strict", "served", "share"),
+    [
+        (5040, 1024, False, 4096, "81.3%"),  # seed 001: GLM-5.3 at --chunk-size 1024
+        (5040, 256, False, 4864, "96.5%"),  # seed 001: GLM-5.3 at --chunk-size 256
+        (8507, 1152, True, 8064, "94.8%"),  # seed 000: GLM-5.3-Flash, 8064 of 8507 served from LMCache
+        (1152, 1152, True, 0, "0.0%"),  # strict prefix: a prompt of exactly one chunk gets no hit
+        (1153, 1152, True, 1152, "99.9%"),
+    ],
+)
+def test_seed_coverage(length: int, chunk: int, strict: bool, served: int, share: str) -> None:
+    result = coverage(length, chunk, strict)
+    assert result.served_tokens == served
+    assert f"{result.share:.1%}" == share
+    assert result.recomputed_tokens == length - served
+
+
+def test_seed_negotiation() -> None:
+    assert negotiate_chunk_size(256, FLASH_GROUPS) == 1152
+    assert negotiate_chunk_size(256, (64,)) == 256  # GLM-5.3: unchanged, so upstream logs no negotiated line
+    assert required_alignment(FLASH_GROUPS) == 1152
+    assert required_alignment((64, 96, 0)) == 192
+    assert is_valid_chunk_size(1152, FLASH_GROUPS)
+    assert not is_valid_chunk_size(256, FLASH_GROUPS)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: served_tokens(0, 256, False), "prompt length must be a positive integer, got 0"),
+        (lambda: served_tokens(10, -1, False), "chunk size must be a positive integer, got -1"),
+        (lambda: negotiate_chunk_size(0, (64,)), "configured minimum chunk size must be a positive integer, got 0"),
+        (lambda: required_alignment(()), "groups must list at least one tokens_per_block value"),
+        (lambda: required_alignment((0, 0)), "every group has tokens_per_block 0 (all scratch)"),
+        (lambda: required_alignment((64, -1)), "tokens_per_block values must be non-negative integers, got -1"),
+        (lambda: recommend([], (64,), False), "the prompt-length distribution is empty"),
+        (lambda: parse_positive("1.5", "--limit"), "--limit must be a positive integer, got '1.5'"),
+        (lambda: parse_positive("9" * 40, "--limit"), "--limit must be a positive integer, got '" + "9" * 40),
+        (lambda: parse_groups("1152,x"), "groups must be comma-separated non-negative integers like 1152,1152,0"),
+        (lambda: parse_groups(""), "groups must be comma-separated non-negative integers"),
+    ],
+)
+def test_bad_input_raises_one_sentence(call: object, message: str) -> None:
+    with pytest.raises(Glm53Error) as caught:
+        call()  # type: ignore[operator]
+    assert caught.value.message.startswith(message)
+    assert caught.value.exit_code == 2
+
+
+def test_parse_groups_accepts_the_geometry_lines_own_list() -> None:
+    assert parse_groups("[1152, 1152, 1152, 1152, 1152, 0]") == FLASH_GROUPS
+
+
+def test_recommend_ranks_best_first_and_prefers_the_smaller_chunk_on_ties() -> None:
+    ranked = recommend([5040, 5040], (64,), False, limit=16)
+    assert ranked[0].chunk_size == 64
+    assert ranked[0].served_tokens == 2 * (5040 // 64 * 64)
+    by_size = {r.chunk_size: r for r in ranked}
+    assert by_size[256].served_tokens == 2 * 4864
+    assert by_size[1024].served_tokens == 2 * 4096
+    assert all(a.served_tokens >= b.served_tokens for a, b in itertools.pairwise(ranked))
+    assert [r.chunk_size for r in recommend([128, 128], (64,), False)] == [64, 128]  # a tie: the smaller first
+
+
+@given(st.integers(1, 10**7), st.integers(1, 10**5), st.booleans())
+def test_served_is_a_multiple_of_the_chunk_and_at_most_the_prompt(length: int, chunk: int, strict: bool) -> None:
+    served = served_tokens(length, chunk, strict)
+    assert 0 <= served <= length
+    assert served % chunk == 0
+    assert length - served <= chunk  # only the tail (at most one chunk) is recomputed
+    assert served_tokens(length, chunk, True) <= served_tokens(length, chunk, False)
+
+
+@given(st.integers(1, 10**6), st.lists(st.integers(0, 4096), min_size=1, max_size=8).filter(any))
+def test_negotiated_size_is_the_smallest_aligned_one_above_the_minimum(minimum: int, groups: list[int]) -> None:
+    resolved = negotiate_chunk_size(minimum, groups)
+    alignment = required_alignment(groups)
+    assert resolved % alignment == 0
+    assert all(resolved % g == 0 for g in groups if g)
+    assert resolved >= minimum
+    assert resolved - alignment < minimum  # minimal: one alignment less would fall below the minimum
+    assert round_up(minimum, alignment) == resolved
+
+
+# --- prompt-length files ---
+
+
+@pytest.mark.parametrize(
+    ("text", "lengths"),
+    [
+        ("5040\n8507\n\n# a comment\n1200\n", [5040, 8507, 1200]),
+        ("id,prompt_tokens,answer\na,5040,x\nb,8507,y\n", [5040, 8507]),
+        ("Prompt Length\n5040\n", [5040]),
+        ("[5040, 8507]", [5040, 8507]),
+    ],
+)
+def test_prompt_length_formats(text: str, lengths: list[int]) -> None:
+    assert parse_prompt_lengths(text, "f") == lengths
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "f holds no prompt lengths; give one positive integer a line, a CSV or a JSON list"),
+        ("5040\n0\n", "f line 2 must be a positive integer, got '0'"),
+        ("5040\n-3\n", "f line 2 must be a positive integer, got '-3'"),
+        ("5040\n12.5\n", "f line 2 must be a positive integer, got '12.5'"),
+        ("id,answer\na,b\n", "f: expected a number a line or a CSV header with a column named like 'tokens' or "),
+        ("x,tokens\n5040\n", "f line 2 has no column 'tokens'"),
+        ("tokens\nmany\n", "f line 2 column 'tokens' must be a positive integer, got 'many'"),
+        ("[5040, true]", "f must be a JSON list of integers like [5040, 8507]"),
+        ("[5040,", "f looks like JSON but does not parse"),
+    ],
+)
+def test_bad_prompt_length_files(text: str, message: str) -> None:
+    with pytest.raises(Glm53Error) as caught:
+        parse_prompt_lengths(text, "f")
+    assert caught.value.message.startswith(message)
+
+
+# --- the command line ---
+
+
+def run_chunk(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "glm53", "chunk", *args], capture_output=True, text=True, check=False)
+
+
+@pytest.mark.parametrize(
+    ("args", "output"),
+    [
+        (
+            ("coverage", "--prompt-tokens", "5040", "--chunk-size", "1024"),
+            "5040 prompt tokens at chunk size 1024: 4096 served from LMCache (81.3%), 944 recomputed\n",
+        ),
+        (
+            ("coverage", "--prompt-tokens", "5040", "--chunk-size", "256"),
+            "5040 prompt tokens at chunk size 256: 4864 served from LMCache (96.5%), 176 recomputed\n",
+        ),
+        (
+            ("coverage", "--prompt-tokens", "8507", "--chunk-size", "1152", "--strict-prefix"),
+            "8507 prompt tokens at chunk size 1152 (strict prefix): 8064 served from LMCache (94.8%), 443 recomputed\n",
+        ),
+        (
+            ("negotiate", "--configured-min", "256", "--groups", "1152,1152,1152,1152,1152,0"),
+            "1152 (configured_min=256, required_alignment=1152)\n",
+        ),
+    ],
+)
+def test_cli_outputs(args: tuple[str, ...], output: str) -> None:
+    result = run_chunk(*args)
+    assert (result.returncode, result.stdout, result.stderr) == (0, output, "")
+
+
+def test_cli_recommend_table(tmp_path: Path) -> None:
+    lengths = tmp_path / "lengths.json"
+    lengths.write_text(json.dumps([5040, 8507, 1200]))
+    result = run_chunk(
+        "recommend",
+        "--prompt-lengths",
+        str(lengths),
+        "--groups",
+        "1152,1152,1152,1152,1152,0",
+        "--strict-prefix",
+        "--limit",
+        "3",
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "3 prompts, 14747 tokens, groups [1152, 1152, 1152, 1152, 1152, 0], strict prefix (hybrid); best first:",
+        "   chunk  served tokens   share  prompts with a hit",
+        "    1152          13824   93.7%  3/3",
+        "    2304          11520   78.1%  2/3",
+        "    3456          10368   70.3%  2/3",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("coverage", "--prompt-tokens", "0", "--chunk-size", "256"), "--prompt-tokens must be a positive integer"),
+        (("coverage", "--prompt-tokens", "5040", "--chunk-size", "abc"), "--chunk-size must be a positive integer"),
+        (("negotiate", "--configured-min", "256", "--groups", "0,0"), "every group has tokens_per_block 0"),
+        (("negotiate", "--configured-min", "-256", "--groups", "64"), "--configured-min must be a positive integer"),
+        (
+            ("recommend", "--prompt-lengths", "/nonexistent/lengths.txt", "--groups", "64"),
+            "cannot read the prompt-length file '/nonexistent/lengths.txt': No such file or directory",
+        ),
+    ],
+)
+def test_cli_bad_input_is_one_line_and_exit_2(args: tuple[str, ...], message: str) -> None:
+    result = run_chunk(*args)
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"glm53 chunk: error: {message}")
+    assert result.stderr.count("\n") == 1

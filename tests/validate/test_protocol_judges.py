@@ -1,0 +1,195 @@
+"""The verdicts of the three checks, as pure functions over measured samples, with the seeds' numbers."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from glm53.validate.protocol import (
+    BoundaryRow,
+    PerfSample,
+    RunSample,
+    judge_boundary,
+    judge_equivalence,
+    judge_perf,
+)
+from glm53.validate.report import ValidationReport, as_json, render_text, write_json
+
+
+def runs(mean: float, hit: int, seed: int, n: int = 16) -> list[RunSample]:
+    rng = random.Random(seed)
+    return [RunSample(rng.gauss(mean, 0.05), hit, " 7311", True, 8507) for _ in range(n)]
+
+
+def test_seed_000_table_passes() -> None:
+    """Cold at -0.93 with no hit, cached at -0.94 with 8064 of 8507 tokens from LMCache: not different."""
+    result = judge_equivalence(runs(-0.93, 0, 1), runs(-0.94, 8064, 2), 0.05, 8507)
+    assert result.passed, result.failures
+    assert result.welch.p >= 0.05
+
+
+def test_shifted_cached_distribution_fails_with_p() -> None:
+    result = judge_equivalence(runs(-0.93, 0, 1), runs(-1.33, 8507, 2), 0.05, 8507)
+    assert not result.passed
+    assert result.failures[0].startswith("the first-token log-probs differ between cold runs (mean -0.9")
+    assert "Welch p = " in result.failures[0]
+    assert result.failures[0].endswith("< alpha 0.05")
+
+
+def test_no_lmcache_hit_fails() -> None:
+    result = judge_equivalence(runs(-0.93, 0, 1), runs(-0.93, 0, 2), 0.05, 8507)
+    assert result.failures == (
+        "16 of 16 runs after the prefix-cache reset got no LMCache hit; the cache is not paying off (check the "
+        "connector's kv-transfer-config and the LMCache server)",
+    )
+
+
+def test_cold_runs_with_hits_are_not_a_cold_reference() -> None:
+    result = judge_equivalence(runs(-0.93, 1152, 1), runs(-0.93, 8064, 2), 0.05, 8507)
+    assert result.failures == (
+        "16 of 16 cold runs got an LMCache hit despite a unique cache_salt; the cold reference is not cold (the "
+        "server ignores cache_salt)",
+    )
+
+
+def boundary_rows(chunk: int, served: dict[int, int], strict: bool) -> list[BoundaryRow]:
+    from glm53.chunks import served_tokens
+    from glm53.validate.prompts import boundary_lengths
+
+    return [
+        BoundaryRow(length, served_tokens(length, chunk, strict), served.get(length, -1), None)
+        for length in boundary_lengths(chunk)
+    ]
+
+
+def exact(chunk: int, strict: bool) -> list[BoundaryRow]:
+    return [
+        BoundaryRow(r.prompt_tokens, r.expected_tokens, r.expected_tokens, r.expected_tokens)
+        for r in boundary_rows(chunk, {}, strict)
+    ]
+
+
+@pytest.mark.parametrize(("chunk", "strict"), [(1152, True), (256, False)])
+def test_boundary_passes_when_every_hit_is_the_bound(chunk: int, strict: bool) -> None:
+    assert judge_boundary(chunk, strict, exact(chunk, strict)).passed
+
+
+def test_strict_bound_at_the_boundaries_is_the_seed_arithmetic() -> None:
+    expected = [r.expected_tokens for r in exact(1152, True)]
+    assert expected == [0, 0, 1152, 1152, 1152, 2304, 2304, 2304, 3456]
+
+
+def test_recovery_mismatch_is_a_strict_prefix_violation() -> None:
+    """Seed 004: a complete hit restored the whole prompt although the last token must be recomputed."""
+    rows = exact(1152, True)
+    rows[4] = BoundaryRow(2304, 1152, 2304, 2304)
+    result = judge_boundary(1152, True, rows)
+    assert result.failures == (
+        "strict-prefix violation: 2304 tokens served from LMCache for a 2304-token prompt; at most 1152 may be (the "
+        "last prompt token must be recomputed) — the recovery mismatch of seed 004",
+    )
+
+
+def test_a_violation_seen_only_in_usage_still_counts() -> None:
+    rows = exact(1152, True)
+    rows[1] = BoundaryRow(1152, 0, 0, 1152)
+    assert judge_boundary(1152, True, rows).failures[0].startswith("strict-prefix violation: 1152 tokens served")
+
+
+def test_excess_for_single_group_model_names_whole_chunks() -> None:
+    rows = exact(256, False)
+    rows[0] = BoundaryRow(255, 0, 255, None)
+    assert judge_boundary(256, False, rows).failures == (
+        "255 tokens served from LMCache for a 255-token prompt; at most 0 may be (only whole 256-token chunks are "
+        "stored)",
+    )
+
+
+def test_fewer_tokens_than_the_bound_is_a_failure() -> None:
+    rows = exact(1152, True)
+    rows[8] = BoundaryRow(3457, 3456, 0, 0)
+    assert judge_boundary(1152, True, rows).failures == (
+        "only 0 tokens served from LMCache for a 3457-token prompt where 3456 should be (whole 1152-token chunks); "
+        "the cache is not paying off",
+    )
+
+
+def perf(ttft: float, hit: int, text: str = "same") -> list[PerfSample]:
+    return [PerfSample(ttft, ttft * 2, text, hit) for _ in range(4)]
+
+
+def test_perf_ratios_and_identical_share() -> None:
+    result = judge_perf(perf(0.2, 0), perf(0.05, 8064))
+    assert result.passed
+    assert result.ttft_speedup == pytest.approx(4.0)
+    assert result.total_speedup == pytest.approx(4.0)
+    assert result.identical_share == 1.0
+    assert judge_perf(perf(0.2, 0, "a"), perf(0.05, 8064, "b")).identical_share == 0.0
+
+
+def test_perf_without_a_reload_fails() -> None:
+    assert judge_perf(perf(0.2, 0), perf(0.2, 0)).failures == (
+        "4 of 4 reloaded requests got no LMCache hit, so they did not measure a reload",
+    )
+
+
+def full_report(passed_boundary: bool = True) -> ValidationReport:
+    rows = exact(1152, True)
+    if not passed_boundary:
+        rows[4] = BoundaryRow(2304, 1152, 2304, 2304)
+    return ValidationReport(
+        "http://127.0.0.1:8000",
+        "zai-org/GLM-5.3-Flash",
+        "glm53-flash",
+        judge_equivalence(runs(-0.93, 0, 1), runs(-0.94, 8064, 2), 0.05, 8507),
+        judge_boundary(1152, True, rows),
+        judge_perf(perf(0.2, 0), perf(0.05, 8064)),
+        3.5,
+    )
+
+
+def test_text_report_shows_the_seed_table_and_the_verdict() -> None:
+    text = render_text(full_report())
+    assert "LMCache hit 8064 of 8507 tokens" in text
+    assert "16/16 answers correct" in text
+    assert "Welch's t-test: t = " in text
+    assert "TTFT cold/reloaded 4.00x" in text
+    assert text.splitlines()[-1] == "result: PASS (3 checks in 3.5 s)"
+
+
+def test_text_report_lists_failures() -> None:
+    lines = render_text(full_report(passed_boundary=False)).splitlines()
+    assert "result: FAIL (3 checks in 3.5 s)" in lines
+    assert lines[-1].startswith("  - strict-prefix violation: 2304 tokens served from LMCache")
+    assert "      2304      1152    2304    2304  <-" in lines
+
+
+def test_json_report_round_trips(tmp_path: Path) -> None:
+    path = tmp_path / "report.json"
+    write_json(full_report(passed_boundary=False), path)
+    data = json.loads(path.read_text())
+    assert data["passed"] is False
+    assert data["boundary"]["passed"] is False
+    assert data["equivalence"]["passed"] is True
+    assert data["equivalence"]["welch"]["b"]["n"] == 16
+    assert data["perf"]["ttft_speedup"] == pytest.approx(4.0)
+    assert data == as_json(full_report(passed_boundary=False)) | {"seconds": data["seconds"]}
+
+
+def test_plot_is_written(tmp_path: Path) -> None:
+    from glm53.validate.plot import write_plot
+
+    path = tmp_path / "validation.png"
+    write_plot(full_report(), path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_no_hit_at_any_length_is_one_sentence() -> None:
+    rows = [BoundaryRow(r.prompt_tokens, r.expected_tokens, 0, 0) for r in exact(1152, True)]
+    assert judge_boundary(1152, True, rows).failures == (
+        "LMCache served nothing for any of the 7 prompts that span a whole 1152-token chunk; the cache is not paying "
+        "off (is the LMCache server up and the connector pointed at it?)",
+    )

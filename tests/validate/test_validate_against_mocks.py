@@ -1,0 +1,40 @@
+"""`glm53 validate` as a user runs it against the CPU-mock pod: report on stdout, progress on stderr, JSON and PNG."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from validate_fakes import run_glm53
+
+from glm53.pod import PodPorts, PodSpec, running_pod, wait_ready, wait_startup_probe
+from glm53.profiles import get_profile
+from glm53.validate.prompts import document_qa_prompt
+
+
+@pytest.mark.slow
+def test_validate_writes_report_json_and_plot(tmp_path: Path) -> None:
+    prompt_file = tmp_path / "prompt.txt"
+    prompt_file.write_text(document_qa_prompt(3000, seed=7).text, encoding="utf-8")
+    json_path, plot_path = tmp_path / "report.json", tmp_path / "report.png"
+    spec = PodSpec(get_profile("glm53"), tmp_path / "pod", PodPorts.free())
+    with running_pod(spec, lambda _: None) as pod:
+        wait_startup_probe(pod, lambda _: None)
+        wait_ready(pod)
+        result = run_glm53(
+            "validate",
+            *("--base-url", spec.vllm_url, "--profile", "glm53", "--runs", "4"),
+            *("--prompt-file", str(prompt_file), "--json", str(json_path), "--plot", str(plot_path)),
+            timeout=120,
+        )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "LMCache hit 2816 of 3000 tokens" in result.stdout  # whole 256-token chunks of a 3000-token prompt
+    assert "answers correct" not in result.stdout  # a user's prompt comes without a known answer
+    assert result.stdout.splitlines()[-1].startswith("result: PASS (3 checks in ")
+    assert "equivalence: cold run 1/4: log-prob " in result.stderr.splitlines()[1]
+    report = json.loads(json_path.read_text())
+    assert report["passed"] is True
+    assert [row["hit_tokens"] for row in report["boundary"]["rows"]] == [0, 256, 256, 256, 512, 512, 512, 768, 768]
+    assert len(report["perf"]["cached"]) == 4
+    assert plot_path.read_bytes()[:4] == b"\x89PNG"
