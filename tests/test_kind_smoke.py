@@ -1,10 +1,11 @@
 """The kind smoke test, tested as far as a machine without Docker registry or Kubernetes honestly allows.
 
-CI has neither, so: shellcheck of the entry point; the entry point's hand-off to `glm53 kind-smoke`; the dry run, which
-prints the very plan a real run executes, asserted in detail for both profiles and for --reuse/--keep; preflight and the
-first real steps driven by tiny fake `docker`/`kind`/`kubectl`/`helm` scripts on a temporary PATH (exit codes 10, 11,
-12 and the teardown they do or must not do); and the readiness, geometry and artifact logic fed with pods, events and
-logs as the Kubernetes API returns them.
+CI has neither, so: shellcheck of the entry point and its hand-off to `glm53 kind-smoke`; the dry run, which prints the
+very plan a real run executes, asserted in detail for both profiles and for --reuse/--keep; the planned install command
+rendered by the real chart; whole runs driven by tiny fake `docker`/`kind`/`kubectl`/`ansible-playbook`/`helm` scripts
+on a temporary PATH and, past the install, by a fake Kubernetes API server on loopback (exit codes 10 to 14, the
+artifacts, and the teardown each path does or must not do); the readiness, geometry and artifact logic fed with pods,
+events and logs as the Kubernetes API returns them; and the operations guide checked against the profiles.
 """
 
 from __future__ import annotations
@@ -48,18 +49,25 @@ GLM53_HELM = (
 BUILD = (
     """ANSIBLE_CONFIG=ansible/ansible.cfg ansible-playbook ansible/build-images.yml -e '{"glm53_images": ["mock"]}'"""
 )
+# The same call as a fake tool logs it: arguments joined by spaces, without the shell's quoting.
+BUILD_LOGGED = (
+    """ANSIBLE_CONFIG=ansible/ansible.cfg ansible-playbook ansible/build-images.yml -e {"glm53_images": ["mock"]}"""
+)
 KIND_DELETE = "kind delete cluster --name glm53-smoke"
 
 
-def _tool(name: str) -> str:
+def _tool(name: str, setup: str) -> str:
+    """A tool from PATH or .tools/bin; missing fails (CI runs the setup scripts first) naming the script to run."""
     found = shutil.which(name) or shutil.which(name, path=str(REPO / ".tools" / "bin"))
     if found is None:
-        pytest.fail(f"{name} not found on PATH or in .tools/bin; run `bash scripts/setup.d/32-lint-tools.sh` first")
+        pytest.fail(f"{name} not found on PATH or in .tools/bin; run `bash scripts/setup.d/{setup}` first")
     return found
 
 
 def test_entry_point_is_shellcheck_clean() -> None:
-    done = subprocess.run([_tool("shellcheck"), "--severity=style", str(SCRIPT)], capture_output=True, text=True)
+    done = subprocess.run(
+        [_tool("shellcheck", "32-lint-tools.sh"), "--severity=style", str(SCRIPT)], capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -428,7 +436,7 @@ def test_failed_install_exits_12_and_still_tears_down(machine: FakeMachine) -> N
         "kind get clusters",
         create,
         "kind export kubeconfig --name glm53-smoke",
-        BUILD.replace("'", ""),
+        BUILD_LOGGED,
         "kind load docker-image glm53/mock:0.1.0 --name glm53-smoke",
         FLASH_HELM,
         KIND_DELETE,
@@ -717,9 +725,7 @@ def test_artifacts_of_an_empty_namespace_still_say_so() -> None:
 def test_the_install_command_renders_the_pod_the_smoke_test_waits_for(profile: str) -> None:
     # `helm template` with the very arguments of the planned `helm install` (minus the cluster-only flags), at the
     # pinned node image's Kubernetes version: the chart must accept them and render what the later steps rely on.
-    helm = shutil.which("helm") or shutil.which("helm", path=str(REPO / ".tools" / "bin"))
-    if helm is None:
-        pytest.fail("helm not found on PATH or in .tools/bin; run `bash scripts/setup.d/20-helm.sh` first")
+    helm = _tool("helm", "20-helm.sh")
     options = ks.SmokeOptions(profile=get_profile(profile))
     install = list(ks.helm_install_argv(options))
     assert install[:2] == ["helm", "install"]

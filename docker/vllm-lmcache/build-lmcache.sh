@@ -131,7 +131,9 @@ cuda_version="$("$cuda_home/bin/nvcc" --version | sed -n 's/.*release [0-9.]*, V
 echo "$prog: building $source_spec for torch $torch_version, CUDA $cuda_version, GCC $gcc_version," \
     "arch list '$arch_list', MAX_JOBS=$max_jobs NVCC_THREADS=$nvcc_threads"
 started=$SECONDS
-"${pip[@]}" wheel --no-deps --no-build-isolation --wheel-dir "$work/wheel" "$pip_source"
+# --no-cache-dir: pip's wheel cache is keyed by the source, not by the torch it was compiled against, so a cached
+# wheel could carry exactly the ABI mismatch this script exists to prevent (ccache still speeds up recompiles).
+"${pip[@]}" wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir "$work/wheel" "$pip_source"
 duration=$((SECONDS - started))
 built=("$work"/wheel/lmcache-*.whl)
 [ -f "${built[0]}" ] || fail "expected pip to produce an lmcache wheel in $work/wheel but it did not."

@@ -348,8 +348,7 @@ def say_to(stream: TextIO) -> Callable[[str], None]:
 @dataclass(frozen=True)
 class PodOutcome:
     report: ValidationReport
-    probe_line: str
-    seconds: float
+    seconds: float  # start to all processes stopped
 
 
 def run_pod(spec: PodSpec, say: Callable[[str], None], progress: Progress) -> PodOutcome:
@@ -370,4 +369,4 @@ def run_pod(spec: PodSpec, say: Callable[[str], None], progress: Progress) -> Po
             if process.process.poll() is not None:  # e.g. LMCache died: vLLM degrades to misses, validation fails
                 status = process.process.returncode
                 say(f"pod: {process.name} exited with status {status} during validation; see {process.log}")
-    return PodOutcome(report, probe_line, time.perf_counter() - start)
+    return PodOutcome(report, time.perf_counter() - start)

@@ -1,275 +1,34 @@
-"""Session fixtures of the Docker-marked tests: one private Docker engine, its base image, and the mock image.
+"""Session fixtures of the Docker-marked tests: one private engine, its base image and the mock image per session.
 
-Why one of each per session: CI has 2 cores and the engine runs with the vfs storage driver, which copies the whole
-root filesystem for every layer, so starting the daemon, importing the base image and building the mock image are paid
-once and shared by every test here. The engine is private — its own data root, exec root, pidfile and unix socket in a
-temporary directory, no bridge, no iptables — so it touches nothing else on the host, and it is stopped by its PID at
-the end whatever the tests did. Its state lives on a private tmpfs when the kernel lets us mount one (we run as root in
-CI): vfs copies every layer and every container's root filesystem file by file, which measured 10 s per 130 MB copy on
-CI's disk and 0.6 s in memory. No registry is reachable, so the base image is a debootstrapped Debian bookworm
-(`docker import`), cached as a tarball under `.tools/` so reruns skip debootstrap.
+Each is expensive on CI's 2 cores (the vfs storage driver copies whole root filesystems), so every test shares them;
+the machinery lives in `dockerkit.py`. Fixtures start only when a test asks for them: tests without the engine (such as
+the LMCache host build) never start a daemon.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import signal
-import subprocess
-import tempfile
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
-import docker
 import pytest
-from docker.errors import DockerException, ImageNotFound
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-TOOLS_BIN = REPO_ROOT / ".tools" / "bin"
-BASE_IMAGE = "glm53/debian-base:bookworm"
-# debootstrap's --include list: Python 3.11 plus venv (ensurepip) is all the mock image needs on top of minbase.
-BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates")
-BASE_TARBALL = REPO_ROOT / ".tools" / "docker" / f"debian-bookworm-minbase-{'-'.join(BASE_PACKAGES)}.tar"
-# Package caches and documentation debootstrap leaves behind; vfs copies the rootfs per layer, so every MB counts.
-BASE_PRUNE = ("var/cache/apt", "var/lib/apt/lists", "usr/share/doc", "usr/share/man", "usr/share/locale", "usr/share/info")
-ENGINE_START_DEADLINE_S = 60.0
-ENGINE_STOP_DEADLINE_S = 30.0
-# Cap of the engine's tmpfs: the base image, the mock image's layers and a few containers need well under 2 GiB.
-ENGINE_TMPFS_SIZE = "6g"
-MOCK_IMAGE_REPOSITORY = "glm53/mock"
-
-
-@dataclass(frozen=True)
-class DockerEngine:
-    """A running private daemon: where to reach it and a client already connected to it."""
-
-    base_url: str
-    client: docker.DockerClient
-    pid: int
-    log_path: Path
-
-    def env(self) -> dict[str, str]:
-        """The process environment for a docker CLI (or Ansible) that must talk to this engine only."""
-        return {**os.environ, "DOCKER_HOST": self.base_url, "PATH": tool_path()}
-
-
-@dataclass(frozen=True)
-class MockImageBuild:
-    """The outcome of the session's `ansible-playbook ansible/build-images.yml` run for the mock image."""
-
-    report_path: Path
-    report: dict[str, Any]
-    revision: str
-    run: PlaybookRun
-
-
-def tool_path() -> str:
-    """PATH with the project's tools first and the sbin directories (dockerd, debootstrap) last."""
-    return os.pathsep.join([str(TOOLS_BIN), str(REPO_ROOT / ".venv" / "bin"), os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
-
-
-def require_tool(name: str, setup_script: str) -> str:
-    """The absolute path of an external tool, or fail (not skip) naming the setup script that installs it."""
-    found = shutil.which(name, path=tool_path())
-    if found is None:
-        pytest.fail(f"{name} not found on PATH or in .tools/bin; run `bash scripts/setup.d/{setup_script}` first")
-    return found
-
-
-def _wait_for_engine(process: subprocess.Popen[bytes], base_url: str, log_path: Path) -> docker.DockerClient:
-    deadline = time.monotonic() + ENGINE_START_DEADLINE_S
-    last_error = "no attempt yet"
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"dockerd exited with {process.returncode} during start-up; log tail:\n{_tail(log_path)}")
-        try:
-            client = docker.DockerClient(base_url=base_url, version="auto", timeout=30)
-            client.ping()
-            return client
-        except DockerException as error:
-            last_error = str(error)
-        time.sleep(0.2)
-    pytest.fail(
-        f"dockerd did not answer on {base_url} within {ENGINE_START_DEADLINE_S:.0f}s ({last_error}); "
-        f"log tail:\n{_tail(log_path)}"
-    )
-
-
-def _tail(path: Path, lines: int = 20) -> str:
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else "(no log)"
-
-
-def _mount_tmpfs(state: Path) -> bool:
-    """Mount a private tmpfs on the engine's state directory; False (disk-backed, slower) when mounting is refused."""
-    mount = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={ENGINE_TMPFS_SIZE},mode=0700", "glm53-dockerd", str(state)],
-        capture_output=True,
-        check=False,
-    )
-    return mount.returncode == 0
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the daemon by PID (it stops its containers and its managed containerd), SIGKILL after the deadline."""
-    if process.poll() is not None:
-        return
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=ENGINE_STOP_DEADLINE_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=ENGINE_STOP_DEADLINE_S)
+from dockerkit import DockerEngine, MockImageBuild, build_mock_image, import_base_image, private_engine
 
 
 @pytest.fixture(scope="session")
 def docker_engine() -> Iterator[DockerEngine]:
-    """Start `dockerd` (vfs, no bridge, no iptables) on its own socket; stop it by PID after the session."""
-    dockerd = require_tool("dockerd", "30-docker-engine.sh")
-    # Short path: the engine's managed containerd puts unix sockets under the exec root (108-byte path limit).
-    state = Path(tempfile.mkdtemp(prefix="glm53-dockerd-"))
-    in_memory = _mount_tmpfs(state)
-    socket_path = state / "docker.sock"
-    log_path = state / "dockerd.log"
-    base_url = f"unix://{socket_path}"
-    command = [
-        dockerd,
-        "--storage-driver=vfs",
-        "--iptables=false",
-        "--ip6tables=false",
-        "--bridge=none",
-        f"--data-root={state / 'data'}",
-        f"--exec-root={state / 'exec'}",
-        f"--pidfile={state / 'dockerd.pid'}",
-        f"--host={base_url}",
-    ]
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        started = time.monotonic()
-        client = _wait_for_engine(process, base_url, log_path)
-        storage = "tmpfs" if in_memory else "disk"
-        print(f"\ndocker engine: ready in {time.monotonic() - started:.1f}s at {base_url} (pid {process.pid}, {storage})")
-        yield DockerEngine(base_url=base_url, client=client, pid=process.pid, log_path=log_path)
-        client.close()
-    finally:
-        _stop(process)
-        if in_memory:
-            # Lazy: a container mount left by a killed daemon must not keep the tmpfs (and its memory) attached.
-            subprocess.run(["umount", "--lazy", str(state)], check=False)
-        shutil.rmtree(state, ignore_errors=True)
-
-
-def _build_base_tarball() -> None:
-    debootstrap = require_tool("debootstrap", "30-docker-engine.sh")
-    BASE_TARBALL.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="glm53-debootstrap-") as scratch:
-        root = Path(scratch) / "root"
-        subprocess.run(
-            [debootstrap, "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", "bookworm", str(root)],
-            check=True,
-            stdout=subprocess.DEVNULL,
-            env={**os.environ, "PATH": tool_path()},
-        )
-        for relative in BASE_PRUNE:
-            target = root / relative
-            shutil.rmtree(target, ignore_errors=True)
-            target.mkdir(parents=True, exist_ok=True)
-        partial = BASE_TARBALL.with_suffix(".partial")
-        subprocess.run(["tar", "-C", str(root), "--numeric-owner", "-cf", str(partial), "."], check=True)
-        partial.replace(BASE_TARBALL)
+    """The session's private Docker engine; stopped by PID after the last test."""
+    with private_engine() as engine:
+        yield engine
 
 
 @pytest.fixture(scope="session")
 def debian_base_image(docker_engine: DockerEngine) -> str:
-    """`glm53/debian-base:bookworm` in the private engine, imported from the cached debootstrap tarball."""
-    started = time.monotonic()
-    if not BASE_TARBALL.exists():
-        _build_base_tarball()
-    repository, tag = BASE_IMAGE.split(":")
-    docker_engine.client.api.import_image(src=str(BASE_TARBALL), repository=repository, tag=tag)
-    try:
-        docker_engine.client.images.get(BASE_IMAGE)
-    except ImageNotFound:
-        pytest.fail(f"docker import of {BASE_TARBALL} did not produce {BASE_IMAGE}; delete the tarball and rerun")
-    print(f"\nbase image: {BASE_IMAGE} ready in {time.monotonic() - started:.1f}s")
-    return BASE_IMAGE
-
-
-@dataclass(frozen=True)
-class PlaybookRun:
-    """An `ansible-playbook` run read through the `ansible.posix.json` callback (no parsing of the text output)."""
-
-    returncode: int
-    stats: dict[str, int]
-    failures: tuple[str, ...]
-    task_results: dict[str, list[dict[str, Any]]]
-
-    def describe(self) -> str:
-        """Exit code, recap and each failed task's message, for assertion messages."""
-        return f"exit {self.returncode}, stats {self.stats}, failures: " + ("; ".join(self.failures) or "none")
-
-
-def _read_json_callback(returncode: int, stdout: str) -> PlaybookRun:
-    output: dict[str, Any] = json.loads(stdout[stdout.index("{") :])
-    failures: list[str] = []
-    task_results: dict[str, list[dict[str, Any]]] = {}
-    for play in output.get("plays", []):
-        for task in play.get("tasks", []):
-            name = str(task["task"]["name"])
-            for result in task.get("hosts", {}).values():
-                task_results.setdefault(name, []).append(result)
-                if result.get("failed"):
-                    failures.append(f"{name}: {result.get('msg', '')}")
-    stats: dict[str, int] = output.get("stats", {}).get("localhost", {})
-    return PlaybookRun(returncode=returncode, stats=stats, failures=tuple(failures), task_results=task_results)
-
-
-def run_playbook(playbook: str, extra_vars: dict[str, Any], env: dict[str, str], *options: str) -> PlaybookRun:
-    """Run one of this repository's playbooks with JSON extra vars and read its result as JSON."""
-    ansible_playbook = require_tool("ansible-playbook", "31-ansible.sh")
-    completed = subprocess.run(
-        [ansible_playbook, str(REPO_ROOT / "ansible" / playbook), "-e", json.dumps(extra_vars), *options],
-        cwd=REPO_ROOT / "ansible",
-        env={
-            **env,
-            "ANSIBLE_CONFIG": str(REPO_ROOT / "ansible" / "ansible.cfg"),
-            "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
-        },
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if "{" not in completed.stdout:
-        pytest.fail(f"ansible-playbook {playbook} printed no JSON result (exit {completed.returncode}): {completed.stderr}")
-    return _read_json_callback(completed.returncode, completed.stdout)
-
-
-def mock_build_vars(base_image: str, report_path: Path) -> dict[str, Any]:
-    """The playbook variables CI uses: the mock image only, the debootstrapped base, no network inside the build."""
-    return {
-        "glm53_images": ["mock"],
-        "glm53_mock_base_image": base_image,
-        "glm53_build_network": "none",
-        "glm53_build_report": str(report_path),
-    }
+    """The debootstrapped Debian bookworm base image in the session's engine."""
+    return import_base_image(docker_engine)
 
 
 @pytest.fixture(scope="session")
 def mock_image_build(
     docker_engine: DockerEngine, debian_base_image: str, tmp_path_factory: pytest.TempPathFactory
 ) -> MockImageBuild:
-    """Build the mock image once per session through `ansible/build-images.yml`, exactly as CI documents it."""
-    report_path = tmp_path_factory.mktemp("build-report") / "images.json"
-    started = time.monotonic()
-    run = run_playbook("build-images.yml", mock_build_vars(debian_base_image, report_path), docker_engine.env())
-    assert run.returncode == 0, f"build-images.yml failed: {run.describe()}"
-    print(f"\nmock image: built through Ansible in {time.monotonic() - started:.1f}s")
-    revision = subprocess.run(
-        ["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
-    ).stdout.strip()
-    report: dict[str, Any] = json.loads(report_path.read_text())
-    return MockImageBuild(report_path=report_path, report=report, revision=revision, run=run)
+    """The mock image, built once per session through `ansible/build-images.yml`."""
+    return build_mock_image(docker_engine, debian_base_image, tmp_path_factory.mktemp("build-report") / "images.json")

@@ -7,11 +7,12 @@ and a second run of an unchanged tree changes nothing.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, DockerEngine, MockImageBuild, mock_build_vars, run_playbook
+from dockerkit import REPO_ROOT, DockerEngine, MockImageBuild, mock_build_vars, run_playbook
 
 pytestmark = pytest.mark.docker
 
@@ -22,11 +23,15 @@ def _image_ids(engine: DockerEngine) -> set[str]:
     return {image.id for image in engine.client.images.list(all=True)}
 
 
-def test_check_mode_builds_and_writes_nothing(docker_engine: DockerEngine, debian_base_image: str, tmp_path: Path) -> None:
+def test_check_mode_builds_and_writes_nothing(
+    docker_engine: DockerEngine, debian_base_image: str, tmp_path: Path
+) -> None:
     report_path = tmp_path / "report.json"
     before = _image_ids(docker_engine)
 
-    run = run_playbook("build-images.yml", mock_build_vars(debian_base_image, report_path), docker_engine.env(), "--check")
+    run = run_playbook(
+        "build-images.yml", mock_build_vars(debian_base_image, report_path), docker_engine.env(), "--check"
+    )
 
     assert run.returncode == 0, run.describe()
     assert _image_ids(docker_engine) == before
@@ -38,15 +43,19 @@ def test_check_mode_builds_and_writes_nothing(docker_engine: DockerEngine, debia
 
 def test_tags_name_the_version_and_the_revision(docker_engine: DockerEngine, mock_image_build: MockImageBuild) -> None:
     (entry,) = mock_image_build.report["images"]
-    expected = [f"glm53/mock:{TOOLKIT_VERSION}", f"glm53/mock:{TOOLKIT_VERSION}-g{mock_image_build.revision}"]
+    revision = mock_image_build.report["revision"]
+    expected = [f"glm53/mock:{TOOLKIT_VERSION}", f"glm53/mock:{TOOLKIT_VERSION}-g{revision[:12]}"]
 
+    assert re.fullmatch("[0-9a-f]{40}", revision)
     assert entry["image"] == "mock"
     assert entry["tags"] == expected
     assert {docker_engine.client.images.get(tag).id for tag in expected} == {entry["id"]}
     assert mock_image_build.report["builder"] == "legacy"  # Debian's docker.io ships no buildx
 
 
-def test_image_carries_labels_user_and_entrypoint(docker_engine: DockerEngine, mock_image_build: MockImageBuild) -> None:
+def test_image_carries_labels_user_and_entrypoint(
+    docker_engine: DockerEngine, mock_image_build: MockImageBuild
+) -> None:
     config = docker_engine.client.images.get(mock_image_build.report["images"][0]["id"]).attrs["Config"]
     labels = config["Labels"]
 

@@ -105,6 +105,16 @@ def test_rejects_bad_flags_like_the_real_cli(tmp_path: Path, args: list[str], me
     process.stop()
 
 
+def test_enabling_run_script_is_refused(tmp_path: Path) -> None:
+    args = ["mock", "lmcache", "--l1-size-gb", "1", "--eviction-policy", "LRU", "--run-script-api-enabled"]
+    process = MockProcess(args, tmp_path / "l.log")
+    assert process.wait_exit() == 2
+    [line] = process.lines()
+    assert line.startswith("glm53 mock: error: --run-script-api-enabled turns on /run_script")
+    assert "pass --no-run-script-api-enabled" in line
+    process.stop()
+
+
 def test_zero_l1_size_is_a_one_line_error(tmp_path: Path) -> None:
     process = MockProcess(["mock", "lmcache", "--l1-size-gb", "0", "--eviction-policy", "LRU"], tmp_path / "l.log")
     assert process.wait_exit() == 2

@@ -139,3 +139,20 @@ def test_bad_options_are_one_line(args: list[str], message: str) -> None:
     result = run_glm53("validate", "--base-url", "http://127.0.0.1:9", *args)
     assert result.returncode == 2
     assert error_line(result).startswith(f"glm53 validate: error: {message}")
+
+
+def test_refused_reset_is_one_line() -> None:
+    """vLLM answers {"success": false} while requests run; "reloaded" runs could then hit its local cache."""
+    refused = Canned(200, b'{"success": false}')
+    with fake_server({("POST", "/reset_prefix_cache"): refused}) as url, pytest.raises(Glm53Error) as caught:
+        VllmClient(url).reset_prefix_cache()
+    assert caught.value.message == (
+        "vLLM refused POST /reset_prefix_cache?reset_external=false (success: false), so reuse could come from its "
+        "local cache; validate an idle server (no other clients)"
+    )
+
+
+@pytest.mark.parametrize("body", [b'{"success": true}', b""])
+def test_accepted_reset(body: bytes) -> None:
+    with fake_server({("POST", "/reset_prefix_cache"): Canned(200, body)}) as url:
+        VllmClient(url).reset_prefix_cache()

@@ -195,10 +195,10 @@ vLLM's unified block size N) at another TP size it is N where N was measured the
 {{- $l1 := $l.l1SizeGb }}{{ if .Values.mock.enabled }}{{ $l1 = .Values.mock.l1SizeGb }}{{ end }}
 {{- $args = concat $args (list "--l1-size-gb" (toString $l1) "--eviction-policy" $l.evictionPolicy) }}
 {{- $args = concat $args (list "--http-host" $lo "--http-port" (include "glm53.lmcacheHttpPort" .) "--prometheus-port" (include "glm53.lmcachePrometheusPort" .)) }}
+{{- $args = append $args "--no-run-script-api-enabled" }}
 {{- if .Values.mock.enabled }}
 {{- $args = concat $args (list "--generation" (ternary "negotiating" "released" $l.negotiate)) }}
 {{- else }}
-{{- $args = append $args "--no-run-script-api-enabled" }}
 {{- $args = concat $args $l.extraArgs }}
 {{- end }}
 {{- toJson $args }}

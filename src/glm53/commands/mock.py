@@ -15,6 +15,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from glm53.errors import Glm53Error
 from glm53.mock import lmcache_server, vllm_server
 from glm53.mock.connector import parse_connector_config
 from glm53.mock.engine import FAULTS
@@ -63,6 +64,12 @@ def _add_lmcache(subparsers: Any) -> None:
     p.add_argument("--http-port", type=int, default=8080, help="HTTP frontend port (default 8080)")
     p.add_argument("--prometheus-port", type=int, default=9090, help="metrics port on 127.0.0.1 (default 9090)")
     p.add_argument(
+        "--run-script-api-enabled",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="accepted so the mock takes the real server's arguments; enabling it is refused (remote code execution)",
+    )
+    p.add_argument(
         "--generation", choices=GENERATIONS, default="released", help="upstream behaviour to emulate (default released)"
     )
 
@@ -103,6 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _lmcache_config(args: argparse.Namespace) -> lmcache_server.LMCacheConfig:
+    if args.run_script_api_enabled:
+        raise Glm53Error(
+            "--run-script-api-enabled turns on /run_script, which executes arbitrary Python (remote code execution); "
+            "no deployment of this project enables it: drop the flag or pass --no-run-script-api-enabled"
+        )
     return lmcache_server.LMCacheConfig(
         host=args.host,
         port=args.port,

@@ -79,9 +79,6 @@ class VllmClient:
     def get_json(self, path: str) -> Any:
         return _decode_json(self._read("GET", path), f"{self.base_url}{path}")
 
-    def post_json(self, path: str, body: Any) -> Any:
-        return _decode_json(self._read("POST", path, body), f"{self.base_url}{path}")
-
     def metrics(self) -> Snapshot:
         return parse_exposition(self._read("GET", "/metrics").decode(errors="replace"))
 
@@ -102,13 +99,20 @@ class VllmClient:
         """Clear vLLM's local prefix cache (and LMCache's too when `reset_external`); exists only in dev mode."""
         path = f"/reset_prefix_cache?reset_external={str(reset_external).lower()}"
         try:
-            self._read("POST", path)
+            answer = self._read("POST", path)
         except HttpStatusError as error:
             if error.status == 404:
                 raise Glm53Error(
                     f"POST {path} answered 404: vLLM's dev mode is off; {DEV_MODE_MESSAGE}", EXIT_USAGE
                 ) from None
             raise
+        if _refused(answer):
+            # vLLM refuses while requests are running; a stale cache would make every "reloaded" run a local hit.
+            raise Glm53Error(
+                f"vLLM refused POST {path} (success: false), so reuse could come from its local cache; validate an "
+                "idle server (no other clients)",
+                EXIT_USAGE,
+            )
 
     def complete(
         self,
@@ -171,6 +175,15 @@ class HttpStatusError(Glm53Error):
     def __init__(self, method: str, url: str, status: int, detail: str) -> None:
         super().__init__(f"vLLM answered HTTP {status} to {method} {url}: {detail or '(empty body)'}", EXIT_USAGE)
         self.status = status
+
+
+def _refused(answer: bytes) -> bool:
+    """True when a reset answer says `{"success": false}` (older servers answer 200 with no body: accepted)."""
+    try:
+        decoded = json.loads(answer)
+    except ValueError:
+        return False
+    return isinstance(decoded, dict) and decoded.get("success") is False
 
 
 def _decode_json(payload: bytes, url: str) -> Any:

@@ -1,0 +1,253 @@
+"""The container-level pod: the chart's mock-mode pod run as containers of the mock image, the way a kubelet would.
+
+Everything comes from `helm template` of `charts/glm53` with `mock.enabled=true, validation.enabled=true`: the
+`lmcache` native sidecar and the `vllm` container (image, command, args, env, user, read-only root, dropped
+capabilities, memory/CPU limits, volumes) and their exec probes, and the `helm test` pod's `glm53 validate` command.
+The sidecar owns the pod's network namespace (loopback only, like a pod without a Service) and the engine joins it; the
+log volume is one Docker volume shared by both, like the chart's emptyDir. The kubelet's order is kept: the sidecar's
+startup probe passes before the engine starts, then the engine's startup probe (`glm53 probe startup`) is executed
+inside the engine container until it reports Ready, then the readiness probe, then validation runs in the same network
+namespace. The only rewrite is the Service URL of the test pod, which has no DNS here: it becomes the pod-local
+address on the same port.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import helm_python
+import pytest
+import yaml
+from docker.models.containers import Container
+from docker.types import Mount
+from dockerkit import REPO_ROOT, DockerEngine, MockImageBuild
+
+import docker
+from glm53.containerpod import (
+    ExecProbe,
+    PodContainer,
+    RenderedPod,
+    deployment_pod,
+    helm_test_pods,
+    parse_quantity,
+    pod_from_spec,
+)
+from glm53.errors import Glm53Error
+
+RELEASE = "glm53-flash"
+NAMESPACE = "default"
+MOCK_VALUES = {"mock": {"enabled": True}, "validation": {"enabled": True}}
+# Upper bound on any one wait, whatever the rendered probe budget says (the mock loads in seconds, the budget of the
+# real engine's startup probe is an hour).
+WAIT_CAP_S = 120.0
+VALIDATE_TIMEOUT_S = 300
+
+
+def render_chart(values: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The chart's rendered objects (helm-python-sdk, Helm's own template engine)."""
+    with helm_python.Chart.load(REPO_ROOT / "charts" / "glm53") as chart:
+        files: dict[str, str] = chart.render(values=dict(values), name=RELEASE, namespace=NAMESPACE)
+    return [doc for path, text in files.items() if path.endswith(".yaml") for doc in yaml.safe_load_all(text) if doc]
+
+
+def pod_local(url: str) -> str:
+    """A Service URL as seen from inside the pod: same scheme, port and path, host 127.0.0.1."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=f"127.0.0.1:{parts.port}"))
+
+
+def with_option(argv: tuple[str, ...], option: str, value: str) -> list[str]:
+    """`argv` with the value of `option` replaced; an error when the rendered command lacks the option."""
+    if option not in argv:
+        pytest.fail(f"expected {option} in the rendered command {list(argv)}")
+    index = argv.index(option) + 1
+    return [*argv[:index], value, *argv[index + 1 :]]
+
+
+class ContainerPod:
+    """A rendered pod's containers on a Docker engine, sharing the first container's network namespace."""
+
+    def __init__(self, client: docker.DockerClient, pod: RenderedPod) -> None:
+        self.client = client
+        self.pod = pod
+        self.prefix = f"glm53-pod-{uuid.uuid4().hex[:8]}"
+        self.volume_names = {v.name: f"{self.prefix}-{v.name}" for v in pod.volumes if not v.in_memory}
+        self.started: list[Container] = []
+
+    def _mounts(self, container: PodContainer) -> tuple[list[Mount], int | None]:
+        volumes = {v.name: v for v in self.pod.volumes}
+        mounts: list[Mount] = []
+        shm_size: int | None = None
+        for mount in container.mounts:
+            volume = volumes[mount.volume]
+            if volume.in_memory and mount.path == "/dev/shm":
+                shm_size = volume.size_bytes  # Docker mounts its own /dev/shm; size it instead of shadowing it
+            elif volume.in_memory:
+                mounts.append(Mount(target=mount.path, source=None, type="tmpfs", tmpfs_size=volume.size_bytes))
+            else:
+                mounts.append(
+                    Mount(
+                        target=mount.path,
+                        source=self.volume_names[volume.name],
+                        type="volume",
+                        read_only=mount.read_only,
+                    )
+                )
+        return mounts, shm_size
+
+    def start(self, container: PodContainer, argv: list[str] | None = None) -> Container:
+        """Start one container in the pod's network namespace (the first one started creates it)."""
+        command = argv if argv is not None else list(container.argv)
+        mounts, shm_size = self._mounts(container)
+        network_mode = f"container:{self.started[0].id}" if self.started else "none"
+        started: Container = self.client.containers.run(
+            container.image,
+            entrypoint=command[:1],
+            command=command[1:],
+            name=f"{self.prefix}-{container.name}",
+            detach=True,
+            environment=dict(container.env),
+            user=container.user or "",
+            read_only=container.read_only_root,
+            cap_drop=list(container.cap_drop),
+            security_opt=["no-new-privileges"] if container.no_new_privileges else [],
+            mem_limit=container.memory_limit_bytes or 0,
+            nano_cpus=container.nano_cpus or 0,
+            mounts=mounts,
+            shm_size=shm_size,
+            network_mode=network_mode,
+        )
+        self.started.append(started)
+        return started
+
+    def wait_probe(self, running: Container, name: str, probe: ExecProbe) -> str:
+        """Execute an exec probe inside `running` like the kubelet, until it exits 0; its output."""
+        deadline = time.monotonic() + min(probe.budget_s, WAIT_CAP_S)
+        while True:
+            exit_code, output = running.exec_run(list(probe.command), demux=False)
+            text = (output or b"").decode(errors="replace").strip()
+            if exit_code == 0:
+                return text
+            running.reload()
+            if running.status != "running":
+                pytest.fail(f"container {name} exited while probing ({running.status}); logs:\n{self.logs(running)}")
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"probe of {name} still exits {exit_code} ({text}) after the deadline; logs:\n{self.logs(running)}"
+                )
+            time.sleep(min(probe.period_s, 0.5))
+
+    @staticmethod
+    def logs(container: Container) -> str:
+        return bytes(container.logs(tail=40)).decode(errors="replace")
+
+    def stop(self) -> None:
+        """Stop the engine before the sidecar (the kubelet's order), then remove containers and volumes."""
+        for container in reversed(self.started):
+            container.stop(timeout=10)
+            container.remove(force=True)
+        for volume in self.volume_names.values():
+            for found in self.client.volumes.list(filters={"name": volume}):
+                found.remove(force=True)
+
+
+@pytest.fixture
+def rendered() -> list[dict[str, Any]]:
+    return render_chart(MOCK_VALUES)
+
+
+@pytest.fixture
+def container_pod(docker_engine: DockerEngine, rendered: list[dict[str, Any]]) -> Iterator[ContainerPod]:
+    pod = ContainerPod(docker_engine.client, deployment_pod(rendered))
+    try:
+        yield pod
+    finally:
+        pod.stop()
+
+
+@pytest.mark.docker
+def test_rendered_mock_pod_starts_probes_ready_and_validates(
+    container_pod: ContainerPod, rendered: list[dict[str, Any]], mock_image_build: MockImageBuild
+) -> None:
+    pod = container_pod.pod
+    sidecar, engine = pod.container("lmcache"), pod.container("vllm")
+    (test_pod,) = helm_test_pods(rendered)
+    validate = test_pod.container("validate")
+    built_tags = set(mock_image_build.report["images"][0]["tags"])
+    assert {sidecar.image, engine.image, validate.image} <= built_tags, "the chart's mock image is not the one built"
+    assert sidecar.sidecar and sidecar.startup_probe is not None
+    assert engine.startup_probe is not None and engine.readiness_probe is not None
+
+    started = time.monotonic()
+    lmcache = container_pod.start(sidecar)
+    container_pod.wait_probe(lmcache, "lmcache", sidecar.startup_probe)
+    vllm = container_pod.start(engine)
+    ready = container_pod.wait_probe(vllm, "vllm", engine.startup_probe)
+    container_pod.wait_probe(vllm, "vllm", engine.readiness_probe)
+    print(f"\ncontainer pod: Ready in {time.monotonic() - started:.1f}s ({ready})")
+
+    base_url = validate.argv[validate.argv.index("--base-url") + 1]
+    validator = container_pod.start(validate, with_option(validate.argv, "--base-url", pod_local(base_url)))
+    outcome = validator.wait(timeout=VALIDATE_TIMEOUT_S)
+    output = container_pod.logs(validator)
+    print(f"container pod: validated in {time.monotonic() - started:.1f}s since the sidecar started")
+    assert outcome["StatusCode"] == 0, f"glm53 validate exited {outcome['StatusCode']}:\n{output}"
+
+
+# Pure parts of glm53.containerpod (no engine needed).
+
+
+def test_quantities_read_like_kubernetes() -> None:
+    assert parse_quantity("500m") == 0.5
+    assert parse_quantity("256Mi") == 256 * 2**20
+    assert parse_quantity("1G") == 1e9
+    assert parse_quantity(2) == 2.0
+
+
+def test_bad_quantity_is_one_sentence() -> None:
+    with pytest.raises(Glm53Error) as error:
+        parse_quantity("lots")
+    assert (
+        error.value.message
+        == "expected a Kubernetes quantity such as 500m or 256Mi, found 'lots'; fix the chart values"
+    )
+
+
+def test_mock_pod_reads_sidecar_first_with_the_security_context(rendered: list[dict[str, Any]]) -> None:
+    pod = deployment_pod(rendered)
+    sidecar = pod.containers[0]
+
+    assert [c.name for c in pod.containers][:2] == ["lmcache", "vllm"]
+    assert sidecar.sidecar and not pod.container("vllm").sidecar
+    assert sidecar.user == "10001:10001" and sidecar.read_only_root and sidecar.cap_drop == ("ALL",)
+    assert pod.container("vllm").argv[:2] == ("glm53", "supervise")
+    assert {v.name for v in pod.volumes if v.in_memory} == {"shm"}
+
+
+def test_run_to_completion_init_container_is_refused() -> None:
+    spec = {"initContainers": [{"name": "fetch", "image": "x"}], "containers": []}
+    with pytest.raises(Glm53Error) as error:
+        pod_from_spec("p", spec)
+    assert error.value.message == (
+        "expected only native sidecars among the init containers of 'p', found run-to-completion fetch; "
+        "the container pod does not run those"
+    )
+
+
+def test_env_from_a_secret_is_refused() -> None:
+    spec = {"containers": [{"name": "c", "image": "x", "env": [{"name": "TOKEN", "valueFrom": {}}]}]}
+    with pytest.raises(Glm53Error) as error:
+        pod_from_spec("p", spec)
+    assert error.value.message == (
+        "expected literal env values in container 'c', found TOKEN from valueFrom; "
+        "the container pod supports `value` entries only"
+    )
+
+
+def test_service_url_becomes_pod_local() -> None:
+    assert pod_local("http://glm53-flash:8000") == "http://127.0.0.1:8000"
+    assert pod_local("http://svc.ns.svc:9400/metrics") == "http://127.0.0.1:9400/metrics"
