@@ -3,7 +3,7 @@ built-in object passes Kubernetes' own schemas (strict) for the oldest and newes
 
 from __future__ import annotations
 
-import kubernetes_validate  # type: ignore[import-untyped]
+import kubernetes_validate
 import pytest
 from chartkit import (
     CRD_KINDS,

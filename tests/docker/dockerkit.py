@@ -1,13 +1,14 @@
 """The Docker-marked tests' machinery: a private Docker engine, its base image, and Ansible runs against it.
 
-`conftest.py` turns these into session fixtures. Why one of each per session: CI has 2 cores and the engine runs with the vfs storage driver, which copies the whole
-root filesystem for every layer, so starting the daemon, importing the base image and building the mock image are paid
-once and shared by every test here. The engine is private — its own data root, exec root, pidfile and unix socket in a
-temporary directory, no bridge, no iptables — so it touches nothing else on the host, and it is stopped by its PID at
-the end whatever the tests did. Its state lives on a private tmpfs when the kernel lets us mount one (we run as root in
-CI): vfs copies every layer and every container's root filesystem file by file, which measured 10 s per 130 MB copy on
-CI's disk and 0.6 s in memory. No registry is reachable, so the base image is a debootstrapped Debian bookworm
-(`docker import`), cached as a tarball under `.tools/` so reruns skip debootstrap.
+`conftest.py` turns these into session fixtures. Why one of each per session: CI has 2 cores and the engine runs with
+the vfs storage driver, which copies the whole root filesystem for every layer, so starting the daemon, importing the
+base image and building the mock image are paid once and shared by every test. The engine is private — its own data
+root, exec root, pidfile and unix socket in a temporary directory, no bridge, no iptables — so it touches nothing else
+on the host, and it is stopped by its PID at the end whatever the tests did. Its state lives on a private tmpfs when
+the kernel lets us mount one (we run as root in CI): vfs copies every layer and every container's root filesystem file
+by file, which measured 10 s per 130 MB copy on CI's disk and 0.6 s in memory. No registry is reachable, so the base
+image is a debootstrapped Debian bookworm (`docker import`), cached as a tarball under `.tools/` so reruns skip
+debootstrap.
 """
 
 from __future__ import annotations

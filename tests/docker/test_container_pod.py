@@ -129,7 +129,7 @@ class ContainerPod:
         deadline = time.monotonic() + min(probe.budget_s, WAIT_CAP_S)
         while True:
             exit_code, output = running.exec_run(list(probe.command), demux=False)
-            text = (output or b"").decode(errors="replace").strip()
+            text = output.decode(errors="replace").strip() if isinstance(output, bytes) else ""
             if exit_code == 0:
                 return text
             running.reload()
@@ -143,7 +143,8 @@ class ContainerPod:
 
     @staticmethod
     def logs(container: Container) -> str:
-        return bytes(container.logs(tail=40)).decode(errors="replace")
+        logs = container.logs(tail=40, stream=False)
+        return logs.decode(errors="replace") if isinstance(logs, bytes) else ""
 
     def stop(self) -> None:
         """Stop the engine before the sidecar (the kubelet's order), then remove containers and volumes."""

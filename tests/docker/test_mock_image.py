@@ -20,7 +20,7 @@ TOOLKIT_VERSION: str = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
 
 
 def _image_ids(engine: DockerEngine) -> set[str]:
-    return {image.id for image in engine.client.images.list(all=True)}
+    return {image.id or "" for image in engine.client.images.list(all=True)}
 
 
 def test_check_mode_builds_and_writes_nothing(
