@@ -17,7 +17,7 @@ CHART_KEYS = {
     "name", "modelId", "displayName", "architecture", "numLayers", "layerMix", "tensorParallelSize", "gpus", "groups",
     "unifiedBlockSizeByTp", "expectedGroupTokensPerBlock", "requiredAlignment", "strictPrefix", "recommendedChunkSize",
     "validatedChunkSizes", "prefixCachingRequired", "separateObjectGroupsRequired", "kvCacheDtype",
-    "fp8KvCacheHopperOk", "batchInvariantOk", "textOnlyFlag", "servingExtras", "mtpSpeculativeTokens",
+    "fp8KvCacheHopperOk", "batchInvariantOk", "bitExactOutputs", "textOnlyFlag", "servingExtras", "mtpSpeculativeTokens",
     "mtpValidatedWithLmcache", "notes",
 }  # fmt: skip
 

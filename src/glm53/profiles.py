@@ -76,6 +76,9 @@ class ModelProfile:
     kv_cache_dtype: str
     fp8_kv_cache_hopper_ok: bool
     batch_invariant_ok: bool
+    # True when greedy runs reproduce each other exactly (GLM-5.3); False when temperature-0 outputs vary run to run
+    # even without a cache (GLM-5.3-Flash), so validation must compare log-prob distributions, not tokens.
+    bit_exact_outputs: bool
     text_only_flag: ServingFlag
     serving_extras: tuple[ServingFlag, ...]
     mtp_speculative_tokens: int
@@ -138,6 +141,7 @@ _FLASH = ModelProfile(
     kv_cache_dtype="auto",
     fp8_kv_cache_hopper_ok=False,
     batch_invariant_ok=False,
+    bit_exact_outputs=False,
     text_only_flag=ServingFlag(
         "--limit-mm-per-prompt", '{"image":0,"video":0}', "text-only serving; LMCache validation covers text only"
     ),
@@ -174,6 +178,7 @@ _GLM53 = ModelProfile(
     kv_cache_dtype="auto",
     fp8_kv_cache_hopper_ok=True,
     batch_invariant_ok=True,
+    bit_exact_outputs=True,
     text_only_flag=ServingFlag("--limit-mm-per-prompt", None, "text-only model; no multimodal limit is needed"),
     serving_extras=(
         ServingFlag("--tool-call-parser", "glm47", "GLM serving extra, orthogonal to LMCache"),
@@ -232,6 +237,7 @@ def profile_as_dict(profile: ModelProfile) -> dict[str, object]:
         "kvCacheDtype": profile.kv_cache_dtype,
         "fp8KvCacheHopperOk": profile.fp8_kv_cache_hopper_ok,
         "batchInvariantOk": profile.batch_invariant_ok,
+        "bitExactOutputs": profile.bit_exact_outputs,
         "textOnlyFlag": _flag_as_dict(profile.text_only_flag),
         "servingExtras": [_flag_as_dict(f) for f in profile.serving_extras],
         "mtpSpeculativeTokens": profile.mtp_speculative_tokens,

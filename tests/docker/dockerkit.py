@@ -265,10 +265,10 @@ def run_playbook(playbook: str, extra_vars: dict[str, Any], env: dict[str, str],
 def mock_build_vars(base_image: str, report_path: Path) -> dict[str, Any]:
     """The playbook variables CI uses: the mock image only, the debootstrapped base, no network inside the build."""
     return {
-        "glm53_images": ["mock"],
-        "glm53_mock_base_image": base_image,
-        "glm53_build_network": "none",
-        "glm53_build_report": str(report_path),
+        "glm53_images_selected": ["mock"],
+        "glm53_images_mock_base_image": base_image,
+        "glm53_images_build_network": "none",
+        "glm53_images_report": str(report_path),
     }
 
 

@@ -41,6 +41,8 @@ from glm53.errors import Glm53Error
 RELEASE = "glm53-flash"
 NAMESPACE = "default"
 MOCK_VALUES = {"mock": {"enabled": True}, "validation": {"enabled": True}}
+# The two model profiles: GLM-5.3-Flash (the chart's default, hybrid TP 4) and GLM-5.3 (TP 8).
+PROFILE_VALUES = {"glm53-flash": {}, "glm53": {"profile": "glm53"}}
 # Upper bound on any one wait, whatever the rendered probe budget says (the mock loads in seconds, the budget of the
 # real engine's startup probe is an hour).
 WAIT_CAP_S = 120.0
@@ -156,9 +158,9 @@ class ContainerPod:
                 found.remove(force=True)
 
 
-@pytest.fixture
-def rendered() -> list[dict[str, Any]]:
-    return render_chart(MOCK_VALUES)
+@pytest.fixture(params=sorted(PROFILE_VALUES))
+def rendered(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
+    return render_chart({**MOCK_VALUES, **PROFILE_VALUES[request.param]})
 
 
 @pytest.fixture
@@ -218,8 +220,8 @@ def test_bad_quantity_is_one_sentence() -> None:
     )
 
 
-def test_mock_pod_reads_sidecar_first_with_the_security_context(rendered: list[dict[str, Any]]) -> None:
-    pod = deployment_pod(rendered)
+def test_mock_pod_reads_sidecar_first_with_the_security_context() -> None:
+    pod = deployment_pod(render_chart(MOCK_VALUES))
     sidecar = pod.containers[0]
 
     assert [c.name for c in pod.containers][:2] == ["lmcache", "vllm"]

@@ -36,9 +36,29 @@ def test_check_mode_builds_and_writes_nothing(
     assert run.returncode == 0, run.describe()
     assert _image_ids(docker_engine) == before
     assert not report_path.exists()
-    build_results = next((results for name, results in run.task_results.items() if "mock | Build " in name), None)
+    build_results = next(
+        (results for name, results in run.task_results.items() if name.endswith("Build image mock")), None
+    )
     assert build_results is not None, f"no build task in {sorted(run.task_results)}"
     assert [result.get("skipped") for result in build_results] == [True]
+
+
+def test_check_mode_refuses_too_little_disk_for_the_serving_image(
+    docker_engine: DockerEngine, debian_base_image: str, tmp_path: Path
+) -> None:
+    variables = {
+        **mock_build_vars(debian_base_image, tmp_path / "report.json"),
+        "glm53_images_selected": ["serving", "mock"],
+    }
+
+    run = run_playbook("build-images.yml", variables, docker_engine.env(), "--check")
+
+    (failure,) = run.failures
+    assert re.fullmatch(
+        r".*: expected at least 82\.0 GiB free under the Docker data root for serving \+ mock, found [0-9.]+ GiB; "
+        r"free some space \(docker system prune\) or lower glm53_images_min_free_gb",
+        failure,
+    ), failure
 
 
 def test_tags_name_the_version_and_the_revision(docker_engine: DockerEngine, mock_image_build: MockImageBuild) -> None:

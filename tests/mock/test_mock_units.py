@@ -14,6 +14,7 @@ from glm53.mock.handshake import handshake
 from glm53.mock.store import ChunkStore, StoreResult
 from glm53.mock.vllm_server import engine_groups, unified_block_size
 from glm53.profiles import get_profile
+from glm53.validate.prompts import document_qa_prompt
 
 FLASH_GROUPS = [1152, 1152, 1152, 1152, 1152, 0]
 
@@ -148,3 +149,21 @@ def test_chat_messages_are_joined_into_one_prompt() -> None:
     )
     assert request.prompt.tokens == tuple(model.tokenize("a b c"))
     assert request.top_logprobs == 0
+
+
+def test_answers_the_planted_document_question() -> None:
+    prompt = document_qa_prompt()
+    assert model.extract_answer(prompt.text) == prompt.answer
+    generation = model.generate(model.tokenize(prompt.text), 4, 0, 0, answer=model.extract_answer(prompt.text))
+    assert generation.words[0] == prompt.answer and len(generation.words) == 4
+
+
+def test_no_answer_without_a_question_or_a_stated_value() -> None:
+    assert model.extract_answer("the code is 12. nothing asked here") is None
+    assert model.extract_answer("what is the code? nobody said") is None
+
+
+def test_bit_exact_profiles_get_no_noise() -> None:
+    tokens = [5, 6, 7]
+    values = {model.generate(tokens, 1, seed=3, counter=i, noise_sd=0.0).logprobs[0] for i in range(50)}
+    assert len(values) == 1

@@ -32,6 +32,7 @@ class Prompt:
     tokens: tuple[int, ...]
     cache_salt: str
     max_tokens: int
+    answer: str | None = None
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class EngineSettings:
     seed: int
     cost: model.ComputeCost
     bytes_per_token: int
+    noise_sd: float
 
 
 def external_lookup_limit(prompt_tokens: int, strict_prefix: bool, fault: str | None) -> int:
@@ -102,7 +104,9 @@ class Engine:
             self.requests += 1
             time.sleep(s.cost.prefill(max(1, length - local_hit - external_hit)) + s.cost.decode(1))
             ttft = time.monotonic() - start
-            generation = model.generate(prompt.tokens, prompt.max_tokens, s.seed, self.requests, shift)
+            generation = model.generate(
+                prompt.tokens, prompt.max_tokens, s.seed, self.requests, shift, s.noise_sd, prompt.answer
+            )
             self.local.put("", protocol.prefix_keys(prompt.cache_salt, prompt.tokens, s.block_size), 1)
             self._store(prompt)
             self._record_prefill(length, local_hit, external_hit, ttft)

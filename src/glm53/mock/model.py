@@ -2,9 +2,12 @@
 
 The validation protocol compares first-token log-prob distributions cold versus served from LMCache, so that is what
 this model gets right: the most likely first token's log-prob is a prompt-dependent base near the seed's -0.93 plus
-Gaussian noise (sd 0.05) drawn from an RNG seeded by `--seed` and the request counter — the seed notes real outputs are
-not bit-exact — and the distribution is the same cold or cached. The injected recovery-mismatch fault shifts it for
-requests whose whole prompt came from the cache, as a state restored for L tokens while L-1 were credited would.
+Gaussian noise (sd 0.05) drawn from an RNG seeded by `--seed` and the request counter — seed 000 notes GLM-5.3-Flash's
+outputs are not bit-exact — and the distribution is the same cold or cached. Profiles whose greedy runs reproduce
+exactly (GLM-5.3, seed 001) get no noise. A document-QA prompt ("... the X is V. ... what is the X? ...") is answered
+by quoting V, so the validation's answer check has a real answer to judge, cold or cached alike. The injected
+recovery-mismatch fault shifts the log-prob of requests whose whole prompt came from the cache, as a state restored for
+L tokens while L-1 were credited would.
 Compute is a sleep proportional to the tokens actually prefilled, so a cache hit measurably cuts TTFT, but quickly.
 """
 
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -56,17 +60,39 @@ class Generation:
     first_alternatives: tuple[tuple[str, float], ...]
 
 
-def first_token_logprob(fingerprint: int, seed: int, counter: int, shift: float) -> float:
+_QUESTION = re.compile(r"what is the ([\w ]{1,80}?)\?", re.IGNORECASE)
+
+
+def extract_answer(text: str) -> str | None:
+    """The value a document states for the subject of its last "what is the X?" question, if it states one."""
+    questions = _QUESTION.findall(text)
+    if not questions:
+        return None
+    stated = re.findall(rf"the {re.escape(questions[-1])} is (\S+?)[.,;]?(?:\s|$)", text, re.IGNORECASE)
+    return stated[0] if stated else None
+
+
+def first_token_logprob(fingerprint: int, seed: int, counter: int, shift: float, noise_sd: float = NOISE_SD) -> float:
     base = FIRST_TOKEN_BASE_LOGPROB + BASE_SPREAD * ((fingerprint % 1001) / 1000 - 0.5)
-    noise = random.Random(f"{seed}:{counter}").gauss(0.0, NOISE_SD)
+    noise = random.Random(f"{seed}:{counter}").gauss(0.0, noise_sd) if noise_sd else 0.0
     return min(base + noise + shift, -1e-3)
 
 
-def generate(tokens: Sequence[int], max_tokens: int, seed: int, counter: int, shift: float = 0.0) -> Generation:
-    """Deterministic words from the prompt's hash; only the first token's log-prob carries the per-request noise."""
+def generate(
+    tokens: Sequence[int],
+    max_tokens: int,
+    seed: int,
+    counter: int,
+    shift: float = 0.0,
+    noise_sd: float = NOISE_SD,
+    answer: str | None = None,
+) -> Generation:
+    """Deterministic words from the prompt's hash (led by `answer` when the prompt asked a question it answers);
+    only the first token's log-prob carries the per-request noise."""
     fingerprint = prompt_fingerprint(tokens)
-    words = tuple(_VOCABULARY[_hash_int(fingerprint, i) % len(_VOCABULARY)] for i in range(max_tokens))
-    first = first_token_logprob(fingerprint, seed, counter, shift)
+    filler = (_VOCABULARY[_hash_int(fingerprint, i) % len(_VOCABULARY)] for i in range(max_tokens))
+    words = (*([answer] if answer else []), *filler)[:max_tokens]
+    first = first_token_logprob(fingerprint, seed, counter, shift, noise_sd)
     logprobs = (first, *(FOLLOWING_TOKEN_LOGPROB for _ in words[1:]))
     alternatives = tuple(
         (_VOCABULARY[(_hash_int(fingerprint, "alt", i)) % len(_VOCABULARY)], first - 0.6 * i) for i in range(1, 6)

@@ -54,7 +54,8 @@ def _int_field(body: dict[str, Any], name: str, default: int | None, low: int, h
     return value
 
 
-def _prompt_tokens(body: dict[str, Any], chat: bool) -> tuple[int, ...]:
+def _prompt_text(body: dict[str, Any], chat: bool) -> str | list[int]:
+    """The prompt as text, or as the token ids a completions request may give instead."""
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -62,12 +63,12 @@ def _prompt_tokens(body: dict[str, Any], chat: bool) -> tuple[int, ...]:
         contents = [m.get("content") if isinstance(m, dict) else None for m in messages]
         if not all(isinstance(c, str) for c in contents):
             raise ApiError(400, "every message needs string content (the mock is text-only)")
-        return tuple(model.tokenize("\n".join(c for c in contents if isinstance(c, str))))
+        return "\n".join(c for c in contents if isinstance(c, str))
     prompt = body.get("prompt")
     if isinstance(prompt, str):
-        return tuple(model.tokenize(prompt))
+        return prompt
     if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
-        return tuple(prompt)
+        return prompt
     raise ApiError(400, "prompt must be a string or a list of non-negative integer token ids")
 
 
@@ -77,7 +78,9 @@ def parse_request(body: Any, chat: bool, served_model: str, max_model_len: int) 
     name = body.get("model", served_model)
     if name != served_model:
         raise ApiError(404, f"The model `{name}` does not exist.", "NotFoundError")
-    tokens = _prompt_tokens(body, chat)
+    text = _prompt_text(body, chat)
+    tokens = tuple(model.tokenize(text)) if isinstance(text, str) else tuple(text)
+    answer = model.extract_answer(text) if isinstance(text, str) else None
     if not tokens:
         raise ApiError(400, "the prompt is empty")
     max_tokens = (
@@ -102,7 +105,7 @@ def parse_request(body: Any, chat: bool, served_model: str, max_model_len: int) 
     return ApiRequest(
         chat=chat,
         model=served_model,
-        prompt=Prompt(tokens, salt, max_tokens),
+        prompt=Prompt(tokens, salt, max_tokens, answer),
         temperature=float(temperature),
         top_logprobs=_top_logprobs(body, chat),
         stream=bool(body.get("stream", False)),

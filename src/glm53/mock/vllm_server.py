@@ -149,8 +149,9 @@ class VllmServer:
         capacity = c.num_gpu_blocks_override or DEFAULT_LOCAL_CACHE_TOKENS // block_size
         local = ChunkStore(capacity if prefix_caching else 0, "LRU")
         self.metrics = VllmMetrics(c.served_model_name, lambda: local.used_bytes / capacity)
+        noise_sd = 0.0 if p.bit_exact_outputs else model.NOISE_SD
         settings = EngineSettings(
-            block_size, chunk_size, p.strict_prefix, c.fault, c.seed, c.cost, model.BYTES_PER_TOKEN[p.name]
+            block_size, chunk_size, p.strict_prefix, c.fault, c.seed, c.cost, model.BYTES_PER_TOKEN[p.name], noise_sd
         )
         self.engine = Engine(settings, local, client, self.metrics)
         self.engine_log.info("kv_cache_utils.py:1087", f"GPU KV cache size: {capacity * block_size:,} tokens")
