@@ -21,7 +21,17 @@ from pathlib import Path
 import pytest
 
 from glm53.errors import Glm53Error
-from glm53.pod import EXIT_NOT_READY, PodPorts, PodSpec, RunningPod, free_ports, run_pod, running_pod, wait_ready
+from glm53.pod import (
+    EXIT_NOT_READY,
+    PodPorts,
+    PodSpec,
+    RunningPod,
+    exporter_highlights,
+    free_ports,
+    run_pod,
+    running_pod,
+    wait_ready,
+)
 from glm53.pod import wait_startup_probe as probe_until_ready
 from glm53.profiles import get_profile
 from glm53.validate.progress import SilentProgress
@@ -61,6 +71,22 @@ def assert_no_process_left(value: str, deadline_seconds: float = 10.0) -> None:
     assert not left, f"processes left behind: {left}"
 
 
+def test_exporter_highlights_keep_only_the_facts_an_operator_opens_first() -> None:
+    exposition = "\n".join(
+        [
+            "# HELP glm53_geometry_matches_profile 1 when the geometry matches",
+            "glm53_geometry_matches_profile 1.0",
+            'glm53_log_read_bytes_total{log="vllm.log"} 2048.0',
+            'glm53_prefix_cache_hit_ratio{scope="external"} 0.45',
+            "lmcache_mp_l1_memory_usage_bytes 1.0",
+        ]
+    )
+    assert exporter_highlights(exposition) == [
+        "glm53_geometry_matches_profile 1.0",
+        'glm53_prefix_cache_hit_ratio{scope="external"} 0.45',
+    ]
+
+
 def glm53_pod(*args: str) -> list[str]:
     return [sys.executable, "-m", "glm53", "pod", *args]
 
@@ -86,6 +112,13 @@ def test_main_job_passes(profile: str, generation: str, hit: str, marker: str) -
     assert "result: PASS (3 checks in " in result.stdout
     assert result.stdout.splitlines()[-1].startswith("pod: PASS in ")
     assert "Traceback" not in result.stderr
+    # The exporter of the running pod shows the geometry facts and that LMCache served tokens.
+    exporter = {
+        line.split()[0]: float(line.split()[1]) for line in result.stdout.splitlines() if line.startswith("  glm53_")
+    }
+    assert exporter["glm53_geometry_matches_profile"] == 1.0
+    assert exporter['glm53_probe_status{status="ready"}'] == 1.0
+    assert exporter['glm53_prefix_cache_hit_tokens_total{scope="external"}'] > 0
     work = result.stdout.splitlines()[1].removeprefix("pod: work dir ")
     assert not Path(work).exists(), "a passing run without --workdir/--keep removes its temporary work dir"
 
@@ -142,11 +175,11 @@ def spec_for(tmp_path: Path, *, dev_mode: bool = True, chunk_size_override: int 
 
 
 def test_port_already_taken_is_one_line_and_never_ready(tmp_path: Path, marker: str) -> None:
-    vllm, lmcache, http, metrics = free_ports(4)
+    vllm, lmcache, http, metrics, exporter = free_ports(5)
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", vllm))
         squatter.listen()
-        spec = PodSpec(get_profile("glm53-flash"), tmp_path, PodPorts(vllm, lmcache, http, metrics))
+        spec = PodSpec(get_profile("glm53-flash"), tmp_path, PodPorts(vllm, lmcache, http, metrics, exporter))
         with pytest.raises(Glm53Error) as caught:
             run_pod(spec, lambda _: None, SilentProgress())
     assert caught.value.exit_code == EXIT_NOT_READY

@@ -3,7 +3,8 @@
 Order and checks mirror the chart. The LMCache mock starts first under `glm53 supervise` and must answer
 `/healthcheck` (the native sidecar's startup probe) before the vLLM mock starts; `glm53 probe startup` is then run
 every second against both log files, like the kubelet's startup probe with a failure budget, until it reports Ready;
-then the readiness check (`/health`, `/v1/models`); then `glm53 validate`'s three checks; then everything stops.
+then the readiness check (`/health`, `/v1/models`); then `glm53 validate`'s three checks; then the exporter container's
+`/metrics` is read, as an operator would `curl` it, to show the geometry facts and hit ratios; then everything stops.
 
 Every server runs in its own process group (a new session), so stopping is one signal per group — SIGTERM, then
 SIGKILL after a grace period — and reaches the supervisor and the server it runs alike. Stopping happens in a
@@ -39,6 +40,17 @@ GENERATIONS = ("released", "negotiating")
 FAULTS = ("recovery-mismatch",)
 LOCALHOST = "127.0.0.1"
 LOG_NAMES = ("vllm.log", "lmcache.log")
+EXPORTER_LOG = "exporter.log"
+# The exporter series the main job shows: the geometry facts and whether the cache pays off.
+EXPORTER_HIGHLIGHTS = (
+    "glm53_geometry_matches_profile",
+    "glm53_probe_status",
+    "glm53_effective_chunk_size_tokens",
+    "glm53_scheduler_block_size_tokens",
+    "glm53_prefix_cache_hit_ratio",
+    "glm53_prefix_cache_hit_tokens_total",
+    "glm53_strict_prefix_bound_achieved_ratio",
+)
 
 
 @dataclass(frozen=True)
@@ -64,10 +76,11 @@ class PodPorts:
     lmcache: int
     lmcache_http: int
     lmcache_metrics: int
+    exporter: int
 
     @classmethod
     def free(cls) -> PodPorts:
-        return cls(*free_ports(4))
+        return cls(*free_ports(5))
 
 
 def free_ports(count: int) -> list[int]:
@@ -157,14 +170,28 @@ class PodSpec:
             *fault,
         ]
 
-    def probe_command(self) -> list[str]:
+    @property
+    def exporter_url(self) -> str:
+        return f"http://{LOCALHOST}:{self.ports.exporter}/metrics"
+
+    def _log_facts_args(self) -> list[str]:
+        """What the probe and the exporter both need to judge the logs: profile, TP size, chunk size, log files."""
         chunk = [] if self.lmcache_chunk_size is None else ["--chunk-size", str(self.lmcache_chunk_size)]
         return [
-            *_glm53("probe", "startup"),
             *("--profile", self.profile.name, "--tensor-parallel-size", str(self.tensor_parallel_size)),
             *chunk,
             *(part for name in LOG_NAMES for part in ("--log", str(self.log(name)))),
-            *("--state-dir", str(self.workdir / ".probe")),
+        ]
+
+    def probe_command(self) -> list[str]:
+        return [*_glm53("probe", "startup"), *self._log_facts_args(), "--state-dir", str(self.workdir / ".probe")]
+
+    def exporter_command(self) -> list[str]:
+        return [
+            *_glm53("exporter"),
+            *self._log_facts_args(),
+            *("--vllm-url", self.vllm_url, "--lmcache-url", f"http://{LOCALHOST}:{self.ports.lmcache_metrics}"),
+            *("--host", LOCALHOST, "--port", str(self.ports.exporter)),
         ]
 
 
@@ -233,7 +260,7 @@ def prepare_workdir(workdir: Path) -> None:
     """Create the work dir and drop our files from an earlier run there: stale lines would mislead the probe."""
     try:
         workdir.mkdir(parents=True, exist_ok=True)
-        for name in LOG_NAMES:
+        for name in (*LOG_NAMES, EXPORTER_LOG):
             for stale in (workdir / name, workdir / f"{name}.1"):
                 stale.unlink(missing_ok=True)
         probe_state = workdir / ".probe"
@@ -257,6 +284,7 @@ def running_pod(spec: PodSpec, say: Callable[[str], None]) -> Iterator[RunningPo
         say(f"pod: LMCache {spec.generation} answering {spec.lmcache_health_url} (ZMQ on port {spec.ports.lmcache})")
         vllm_env = {**env, "VLLM_SERVER_DEV_MODE": "1"} if spec.dev_mode else env
         pod.processes.append(Supervised("vllm", spec.log("vllm.log"), spec.vllm_command(), vllm_env))
+        pod.processes.append(Supervised("exporter", spec.log(EXPORTER_LOG), spec.exporter_command(), env))
         yield pod
     finally:
         previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -345,9 +373,26 @@ def say_to(stream: TextIO) -> Callable[[str], None]:
     return say
 
 
+def exporter_highlights(exposition: str) -> list[str]:
+    """The sample lines of the highlighted exporter series, in exposition order (comments and others dropped)."""
+    return [line for line in exposition.splitlines() if line.startswith(EXPORTER_HIGHLIGHTS)]
+
+
+def scrape_exporter(pod: RunningPod) -> list[str]:
+    """What `curl` on the exporter shows an operator, trimmed to the highlights."""
+    url = pod.spec.exporter_url
+    poll_until(lambda: _http_ok(url), pod.spec.timing.http_deadline, pod, f"the exporter ({url})")
+    try:
+        with urllib.request.urlopen(url, timeout=10.0) as response:
+            return exporter_highlights(response.read().decode("utf-8", errors="replace"))
+    except OSError as error:
+        raise Glm53Error(f"the exporter at {url} did not answer ({error}); see {pod.spec.log(EXPORTER_LOG)}") from None
+
+
 @dataclass(frozen=True)
 class PodOutcome:
     report: ValidationReport
+    exporter_lines: list[str]
     seconds: float  # start to all processes stopped
 
 
@@ -369,4 +414,5 @@ def run_pod(spec: PodSpec, say: Callable[[str], None], progress: Progress) -> Po
             if process.process.poll() is not None:  # e.g. LMCache died: vLLM degrades to misses, validation fails
                 status = process.process.returncode
                 say(f"pod: {process.name} exited with status {status} during validation; see {process.log}")
-    return PodOutcome(report, time.perf_counter() - start)
+        exporter_lines = scrape_exporter(pod)
+    return PodOutcome(report, exporter_lines, time.perf_counter() - start)

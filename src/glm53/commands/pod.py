@@ -58,6 +58,9 @@ def main(argv: Sequence[str]) -> int:
         say(f"pod: work dir {workdir}")
         outcome = run_pod(spec, say, Progress(sys.stderr))
         print(render_text(outcome.report))
+        say(f"pod: exporter {spec.exporter_url} (what `curl` shows, trimmed):")
+        for line in outcome.exporter_lines:
+            say(f"  {line}")
         write_json(outcome.report, workdir / "validation.json")
         passed = outcome.report.passed
         say(f"pod: {'PASS' if passed else 'FAIL'} in {outcome.seconds:.1f} s (all processes stopped)")
