@@ -1,8 +1,9 @@
-"""The mock image as CI builds it: `ansible/build-images.yml` with `glm53_images: [mock]` against a private engine.
+"""The mock image as CI builds it: `ansible/build-images.yml` for the mock image only, against a private engine.
 
 Checks what a user of the image relies on — the tags (toolkit version and git revision), the OCI labels, the numeric
-non-root user and the `glm53 supervise` entrypoint — plus the playbook's promises: `--check` builds and writes nothing,
-and a second run of an unchanged tree changes nothing.
+non-root user, the writable log directory and the `glm53 supervise` entrypoint — plus the playbook's promises: `--check`
+builds and writes nothing (and its preflight refuses what cannot work), a second run of an unchanged tree changes
+nothing. The Dockerfile itself is held to hadolint and a digest-pinned default base (no engine needed for those).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import shutil
 import subprocess
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from dockerkit import REPO_ROOT, DockerEngine, MockImageBuild, mock_build_vars, run_playbook
@@ -60,23 +62,38 @@ def test_check_mode_builds_and_writes_nothing(
     assert [result.get("skipped") for result in build_results] == [True]
 
 
+def _check_mode_failure(engine: DockerEngine, base_image: str, tmp_path: Path, **overrides: Any) -> str:
+    variables = {**mock_build_vars(base_image, tmp_path / "report.json"), **overrides}
+    run = run_playbook("build-images.yml", variables, engine.env(), "--check")
+    assert run.returncode != 0 and len(run.failures) == 1, run.describe()
+    return run.failures[0].split(": ", 1)[1]
+
+
 @pytest.mark.docker
-def test_check_mode_refuses_too_little_disk_for_the_serving_image(
+def test_check_mode_refuses_the_serving_image_without_buildkit(
     docker_engine: DockerEngine, debian_base_image: str, tmp_path: Path
 ) -> None:
-    variables = {
-        **mock_build_vars(debian_base_image, tmp_path / "report.json"),
-        "glm53_images_selected": ["serving", "mock"],
-    }
+    message = _check_mode_failure(docker_engine, debian_base_image, tmp_path, glm53_images_selected=["serving", "mock"])
 
-    run = run_playbook("build-images.yml", variables, docker_engine.env(), "--check")
+    assert message == (
+        "expected BuildKit for serving (its Dockerfile uses RUN --mount), found the legacy builder (no docker buildx "
+        "plugin); install docker-buildx or leave serving out of glm53_images_selected"
+    )
 
-    (failure,) = run.failures
+
+@pytest.mark.docker
+def test_check_mode_refuses_too_little_disk(
+    docker_engine: DockerEngine, debian_base_image: str, tmp_path: Path
+) -> None:
+    message = _check_mode_failure(
+        docker_engine, debian_base_image, tmp_path, glm53_images_min_free_gb={"serving": 80, "mock": 100000}
+    )
+
     assert re.fullmatch(
-        r".*: expected at least 82\.0 GiB free under the Docker data root for serving \+ mock, found [0-9.]+ GiB; "
+        r"expected at least 100000\.0 GiB free under the Docker data root for mock, found [0-9.]+ GiB; "
         r"free some space \(docker system prune\) or lower glm53_images_min_free_gb",
-        failure,
-    ), failure
+        message,
+    ), message
 
 
 @pytest.mark.docker
