@@ -10,16 +10,15 @@ python="${PYTHON:-python3.11}"
 pins=("ansible==12.3.0" "ansible-core==2.19.14" "ansible-lint==26.10.1")
 stamp="$venv/.glm53-pins"
 
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "${pins[*]}" ]; then
-    exit 0
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "${pins[*]}" ]; then
+    if [ ! -x "$venv/bin/python" ]; then
+        "$python" -m venv "$venv"
+    fi
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "pip==25.3"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${pins[@]}"
+    printf '%s' "${pins[*]}" >"$stamp"
 fi
-if [ ! -x "$venv/bin/python" ]; then
-    "$python" -m venv "$venv"
-fi
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check "pip==25.3"
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${pins[@]}"
 mkdir -p "$repo_root/.tools/bin"
 for tool in ansible ansible-playbook ansible-galaxy ansible-doc ansible-lint; do
     ln -sfn "$venv/bin/$tool" "$repo_root/.tools/bin/$tool"
 done
-printf '%s' "${pins[*]}" >"$stamp"

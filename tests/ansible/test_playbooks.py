@@ -108,7 +108,7 @@ def test_playbooks_use_only_fully_qualified_modules() -> None:
 
 
 def test_build_refuses_an_unreachable_daemon() -> None:
-    messages = failure_messages("build-images.yml", {"glm53_images_selected": ["mock"]}, DOCKER_HOST=NO_DAEMON)
+    messages = failure_messages("build-images.yml", {"glm53_images": ["mock"]}, DOCKER_HOST=NO_DAEMON)
 
     assert messages == [
         f"expected a reachable Docker daemon at DOCKER_HOST={NO_DAEMON}, found: Cannot connect to the Docker daemon "

@@ -202,17 +202,18 @@ class PlaybookRun:
 
     returncode: int
     stats: dict[str, int]
-    failures: tuple[str, ...]
+    failures: tuple[tuple[str, str], ...]  # (task name, message) of each failed task
     task_results: dict[str, list[dict[str, Any]]]
 
     def describe(self) -> str:
         """Exit code, recap and each failed task's message, for assertion messages."""
-        return f"exit {self.returncode}, stats {self.stats}, failures: " + ("; ".join(self.failures) or "none")
+        failures = "; ".join(f"{task}: {message}" for task, message in self.failures)
+        return f"exit {self.returncode}, stats {self.stats}, failures: {failures or 'none'}"
 
 
 def _read_json_callback(returncode: int, stdout: str) -> PlaybookRun:
     output: dict[str, Any] = json.loads(stdout[stdout.index("{") :])
-    failures: list[str] = []
+    failures: list[tuple[str, str]] = []
     task_results: dict[str, list[dict[str, Any]]] = {}
     for play in output.get("plays", []):
         for task in play.get("tasks", []):
@@ -220,7 +221,7 @@ def _read_json_callback(returncode: int, stdout: str) -> PlaybookRun:
             for result in task.get("hosts", {}).values():
                 task_results.setdefault(name, []).append(result)
                 if result.get("failed"):
-                    failures.append(f"{name}: {result.get('msg', '')}")
+                    failures.append((name, str(result.get("msg", ""))))
     stats: dict[str, int] = output.get("stats", {}).get("localhost", {})
     return PlaybookRun(returncode=returncode, stats=stats, failures=tuple(failures), task_results=task_results)
 
@@ -265,7 +266,7 @@ def run_playbook(playbook: str, extra_vars: dict[str, Any], env: dict[str, str],
 def mock_build_vars(base_image: str, report_path: Path) -> dict[str, Any]:
     """The playbook variables CI uses: the mock image only, the debootstrapped base, no network inside the build."""
     return {
-        "glm53_images_selected": ["mock"],
+        "glm53_images": ["mock"],
         "glm53_images_mock_base_image": base_image,
         "glm53_images_build_network": "none",
         "glm53_images_report": str(report_path),

@@ -71,17 +71,19 @@ def with_option(argv: tuple[str, ...], option: str, value: str) -> list[str]:
 
 
 class ContainerPod:
-    """A rendered pod's containers on a Docker engine, sharing the first container's network namespace."""
+    """Rendered pods' containers on a Docker engine, all in the network namespace of the first container started.
 
-    def __init__(self, client: docker.DockerClient, pod: RenderedPod) -> None:
+    Volumes are per pod, like Kubernetes': Docker volumes named after the pod, except in-memory emptyDirs (tmpfs).
+    """
+
+    def __init__(self, client: docker.DockerClient) -> None:
         self.client = client
-        self.pod = pod
         self.prefix = f"glm53-pod-{uuid.uuid4().hex[:8]}"
-        self.volume_names = {v.name: f"{self.prefix}-{v.name}" for v in pod.volumes if not v.in_memory}
+        self.volume_names: set[str] = set()
         self.started: list[Container] = []
 
-    def _mounts(self, container: PodContainer) -> tuple[list[Mount], int | None]:
-        volumes = {v.name: v for v in self.pod.volumes}
+    def _mounts(self, pod: RenderedPod, container: PodContainer) -> tuple[list[Mount], int | None]:
+        volumes = {v.name: v for v in pod.volumes}
         mounts: list[Mount] = []
         shm_size: int | None = None
         for mount in container.mounts:
@@ -91,26 +93,21 @@ class ContainerPod:
             elif volume.in_memory:
                 mounts.append(Mount(target=mount.path, source=None, type="tmpfs", tmpfs_size=volume.size_bytes))
             else:
-                mounts.append(
-                    Mount(
-                        target=mount.path,
-                        source=self.volume_names[volume.name],
-                        type="volume",
-                        read_only=mount.read_only,
-                    )
-                )
+                name = f"{self.prefix}-{pod.name}-{volume.name}"
+                self.volume_names.add(name)
+                mounts.append(Mount(target=mount.path, source=name, type="volume", read_only=mount.read_only))
         return mounts, shm_size
 
-    def start(self, container: PodContainer, argv: list[str] | None = None) -> Container:
-        """Start one container in the pod's network namespace (the first one started creates it)."""
+    def start(self, pod: RenderedPod, container: PodContainer, argv: list[str] | None = None) -> Container:
+        """Start one container of `pod` in the shared network namespace (the first one started creates it)."""
         command = argv if argv is not None else list(container.argv)
-        mounts, shm_size = self._mounts(container)
+        mounts, shm_size = self._mounts(pod, container)
         network_mode = f"container:{self.started[0].id}" if self.started else "none"
         started: Container = self.client.containers.run(
             container.image,
             entrypoint=command[:1],
             command=command[1:],
-            name=f"{self.prefix}-{container.name}",
+            name=f"{self.prefix}-{pod.name}-{container.name}",
             detach=True,
             environment=dict(container.env),
             user=container.user or "",
@@ -153,9 +150,11 @@ class ContainerPod:
         for container in reversed(self.started):
             container.stop(timeout=10)
             container.remove(force=True)
-        for volume in self.volume_names.values():
-            for found in self.client.volumes.list(filters={"name": volume}):
-                found.remove(force=True)
+        for volume in self.client.volumes.list():
+            if volume.name in self.volume_names:
+                volume.remove(force=True)
+        leftovers = [c.name for c in self.client.containers.list(all=True) if (c.name or "").startswith(self.prefix)]
+        assert not leftovers, f"containers left behind: {leftovers}"
 
 
 @pytest.fixture(params=sorted(PROFILE_VALUES))
@@ -164,19 +163,19 @@ def rendered(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
 
 
 @pytest.fixture
-def container_pod(docker_engine: DockerEngine, rendered: list[dict[str, Any]]) -> Iterator[ContainerPod]:
-    pod = ContainerPod(docker_engine.client, deployment_pod(rendered))
+def container_pod(docker_engine: DockerEngine) -> Iterator[ContainerPod]:
+    pods = ContainerPod(docker_engine.client)
     try:
-        yield pod
+        yield pods
     finally:
-        pod.stop()
+        pods.stop()
 
 
 @pytest.mark.docker
 def test_rendered_mock_pod_starts_probes_ready_and_validates(
     container_pod: ContainerPod, rendered: list[dict[str, Any]], mock_image_build: MockImageBuild
 ) -> None:
-    pod = container_pod.pod
+    pod = deployment_pod(rendered)
     sidecar, engine = pod.container("lmcache"), pod.container("vllm")
     (test_pod,) = helm_test_pods(rendered)
     validate = test_pod.container("validate")
@@ -186,15 +185,15 @@ def test_rendered_mock_pod_starts_probes_ready_and_validates(
     assert engine.startup_probe is not None and engine.readiness_probe is not None
 
     started = time.monotonic()
-    lmcache = container_pod.start(sidecar)
+    lmcache = container_pod.start(pod, sidecar)
     container_pod.wait_probe(lmcache, "lmcache", sidecar.startup_probe)
-    vllm = container_pod.start(engine)
+    vllm = container_pod.start(pod, engine)
     ready = container_pod.wait_probe(vllm, "vllm", engine.startup_probe)
     container_pod.wait_probe(vllm, "vllm", engine.readiness_probe)
     print(f"\ncontainer pod: Ready in {time.monotonic() - started:.1f}s ({ready})")
 
     base_url = validate.argv[validate.argv.index("--base-url") + 1]
-    validator = container_pod.start(validate, with_option(validate.argv, "--base-url", pod_local(base_url)))
+    validator = container_pod.start(test_pod, validate, with_option(validate.argv, "--base-url", pod_local(base_url)))
     outcome = validator.wait(timeout=VALIDATE_TIMEOUT_S)
     output = container_pod.logs(validator)
     print(f"container pod: validated in {time.monotonic() - started:.1f}s since the sidecar started")
