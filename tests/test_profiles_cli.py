@@ -17,8 +17,8 @@ CHART_KEYS = {
     "name", "modelId", "displayName", "architecture", "numLayers", "layerMix", "tensorParallelSize", "gpus", "groups",
     "unifiedBlockSizeByTp", "expectedGroupTokensPerBlock", "requiredAlignment", "strictPrefix", "recommendedChunkSize",
     "validatedChunkSizes", "prefixCachingRequired", "separateObjectGroupsRequired", "kvCacheDtype",
-    "fp8KvCacheHopperOk", "batchInvariantOk", "bitExactOutputs", "textOnlyFlag", "servingExtras", "mtpSpeculativeTokens",
-    "mtpValidatedWithLmcache", "notes",
+    "fp8KvCacheHopperOk", "batchInvariantOk", "bitExactOutputs", "textOnlyFlag", "servingExtras",
+    "mtpSpeculativeTokens", "mtpValidatedWithLmcache", "notes",
 }  # fmt: skip
 
 
