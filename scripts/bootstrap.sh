@@ -18,6 +18,6 @@ fi
 stamp="$venv/.glm53-installed-$extras"
 if [ ! -f "$stamp" ] || [ "$repo_root/pyproject.toml" -nt "$stamp" ]; then
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "pip==25.3"
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$repo_root[$extras]"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "${repo_root}[${extras}]"
     touch "$stamp"
 fi

@@ -15,8 +15,8 @@ done
 export PATH="$repo_root/.tools/bin:$repo_root/.venv/bin:$PATH"
 
 echo "== ruff"
-ruff check src tests benchmarks
-ruff format --check src tests benchmarks
+ruff check src tests benchmarks docker
+ruff format --check src tests benchmarks docker
 echo "== mypy"
 mypy
 echo "== pytest"
