@@ -25,18 +25,18 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 from prometheus_client import Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from glm53.mock.lmcache_metrics import LMCacheMetrics
+from glm53.mock.runtime import serving_on_loopback
 from glm53.mock.store import ChunkStore
 from glm53.mock.vllm_metrics import LABELS, VllmMetrics
 
@@ -135,15 +135,8 @@ def serving(page: bytes) -> Iterator[str]:
         def log_message(self, format: str, *args: object) -> None:
             """Quiet."""
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with serving_on_loopback(Handler) as url:
+        yield url
 
 
 @contextmanager

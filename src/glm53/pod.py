@@ -29,15 +29,13 @@ from pathlib import Path
 from typing import TextIO
 
 from glm53.errors import EXIT_FAILURE, Glm53Error
+from glm53.probe import EXIT_NOT_YET, EXIT_READY
 from glm53.profiles import LMCACHE_DEFAULT_CHUNK_SIZE, ModelProfile
 from glm53.validate.progress import Progress
 from glm53.validate.report import ValidationReport
 from glm53.validate.runner import ValidationConfig, run_validation
 
 EXIT_NOT_READY = 3  # the pod never became Ready: a server died or the startup probe refused (kubelet: restart)
-PROBE_READY, PROBE_NOT_YET = 0, 3  # `glm53 probe startup` exit codes
-GENERATIONS = ("released", "negotiating")
-FAULTS = ("recovery-mismatch",)
 LOCALHOST = "127.0.0.1"
 LOG_NAMES = ("vllm.log", "lmcache.log")
 EXPORTER_LOG = "exporter.log"
@@ -336,10 +334,10 @@ def wait_startup_probe(pod: RunningPod, say: Callable[[str], None]) -> str:
         # reason in its log, and the probe's "wrong: ..." line names it better than an exit status does.
         output = (result.stdout + result.stderr).strip().splitlines()
         line = output[-1] if output else f"exit status {result.returncode}"
-        if result.returncode == PROBE_READY:
+        if result.returncode == EXIT_READY:
             return line
         say(f"pod: startup probe {attempt}/{timing.probe_failure_threshold}: {line}")
-        if result.returncode != PROBE_NOT_YET:
+        if result.returncode != EXIT_NOT_YET:
             raise Glm53Error(f"the startup probe failed: {line}; see the logs in {pod.spec.workdir}", EXIT_NOT_READY)
         pod.check_running()
         time.sleep(max(0.0, timing.probe_period - (time.monotonic() - started)))

@@ -13,13 +13,12 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -30,6 +29,7 @@ from glm53.exporter import names
 from glm53.exporter.collector import Glm53Collector, Upstream
 from glm53.exporter.facts import LogWatch
 from glm53.exporter.upstream import Snapshot, UpstreamError, parse_exposition
+from glm53.mock.runtime import serving_on_loopback
 from glm53.profiles import get_profile
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -131,15 +131,8 @@ class _PageHandler(BaseHTTPRequestHandler):
 def http_pages(pages: Mapping[str, tuple[int, str]]) -> Iterator[str]:
     """A loopback HTTP server on a free port answering GET path -> (status, body); yields its base URL."""
     handler = type("Pages", (_PageHandler,), {"pages": {p: (s, b.encode()) for p, (s, b) in pages.items()}})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with serving_on_loopback(handler) as url:
+        yield url
 
 
 @contextmanager

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+from glm53.mock.runtime import serving_on_loopback
 
 
 @dataclass(frozen=True)
@@ -48,14 +49,8 @@ def fake_server(routes: Routes) -> Iterator[str]:
         def log_message(self, format: str, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving_on_loopback(Handler) as url:
+        yield url
 
 
 MODELS = Canned(200, b'{"object":"list","data":[{"id":"zai-org/GLM-5.3-Flash","object":"model"}]}')

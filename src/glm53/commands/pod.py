@@ -16,7 +16,9 @@ from pathlib import Path
 from types import FrameType
 
 from glm53.errors import EXIT_FAILURE, EXIT_OK
-from glm53.pod import FAULTS, GENERATIONS, PodPorts, PodSpec, run_pod, say_to
+from glm53.mock.engine import FAULTS
+from glm53.mock.handshake import GENERATIONS
+from glm53.pod import PodPorts, PodSpec, run_pod, say_to
 from glm53.profiles import DEFAULT_PROFILE, PROFILES, get_profile
 from glm53.validate.progress import Progress
 from glm53.validate.report import render_text, write_json

@@ -7,9 +7,11 @@ so it becomes a one-line `Glm53Error` naming the address and the flag to change.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import threading
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import FrameType
 
@@ -46,6 +48,22 @@ def serve_in_background(server: MockHTTPServer) -> threading.Thread:
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
     thread.start()
     return thread
+
+
+@contextlib.contextmanager
+def serving_on_loopback(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """Serve `handler` on a free 127.0.0.1 port in a background thread; yield the base URL, then shut down.
+
+    The tests' and benchmarks' stand-in upstreams (canned metrics pages, broken servers) all start this way.
+    """
+    server = MockHTTPServer(("127.0.0.1", 0), handler)
+    thread = serve_in_background(server)
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
 
 
 def stop_on_signals() -> threading.Event:
