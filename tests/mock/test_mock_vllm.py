@@ -192,33 +192,33 @@ def test_glm53_stores_whole_chunks(pair: PairFactory) -> None:
     assert _cached(_complete(started.base_url, prompt)) == 4864  # seed 001: 5040 tokens at C = 256
 
 
+def _cold_then_cached(base_url: str, prompt: list[int], runs: int) -> tuple[list[float], set[int], list[float]]:
+    """Seed 000's protocol in small: `runs` cold requests (unique salts), prime, then `runs` requests each after a
+    local prefix-cache reset; returns the cold log-probs, the cached-token counts seen, and the cached log-probs."""
+    cold = [_first_logprob(_complete(base_url, prompt, salt=f"cold-{i}")) for i in range(runs)]
+    _complete(base_url, prompt)
+    hits, cached = set(), []
+    for _ in range(runs):
+        _reset(base_url)
+        reply = _complete(base_url, prompt)
+        hits.add(_cached(reply))
+        cached.append(_first_logprob(reply))
+    return cold, hits, cached
+
+
 def test_recovery_mismatch_fault_credits_the_full_prompt_and_shifts_the_logprob(pair: PairFactory) -> None:
     started = pair(
         FLASH_MODEL, "glm53-flash", 4, [*L1, "--chunk-size", "1152"], ["--fault", "recovery-mismatch"], DEV_MODE
     )
-    prompt = list(range(2 * 1152))
-    cold = [_first_logprob(_complete(started.base_url, prompt, salt=f"cold-{i}")) for i in range(8)]
-    _complete(started.base_url, prompt)
-    cached = []
-    for _ in range(8):
-        _reset(started.base_url)
-        reply = _complete(started.base_url, prompt)
-        assert _cached(reply) == 2 * 1152  # the strict-prefix bound would be 1152
-        cached.append(_first_logprob(reply))
+    cold, hits, cached = _cold_then_cached(started.base_url, list(range(2 * 1152)), runs=8)
+    assert hits == {2 * 1152}  # the strict-prefix bound would be 1152
     assert statistics.mean(cached) < statistics.mean(cold) - 0.25
 
 
 def test_without_the_fault_cold_and_cached_logprobs_share_a_distribution(pair: PairFactory) -> None:
     started = pair(FLASH_MODEL, "glm53-flash", 4, [*L1, "--chunk-size", "1152"], ["--seed", "3"], DEV_MODE)
-    prompt = list(range(2 * 1152))
-    cold = [_first_logprob(_complete(started.base_url, prompt, salt=f"cold-{i}")) for i in range(16)]
-    _complete(started.base_url, prompt)
-    cached = []
-    for _ in range(16):
-        _reset(started.base_url)
-        reply = _complete(started.base_url, prompt)
-        assert _cached(reply) == 1152
-        cached.append(_first_logprob(reply))
+    cold, hits, cached = _cold_then_cached(started.base_url, list(range(2 * 1152)), runs=16)
+    assert hits == {1152}
     assert abs(statistics.mean(cached) - statistics.mean(cold)) < 0.06  # noise sd 0.05, 16 runs each
 
 
