@@ -19,47 +19,32 @@ import time
 from pathlib import Path
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "logs"
-FLASH_GROUPS = "[1152, 1152, 1152, 1152, 1152, 0]"
+# The generated example log (vLLM's and LMCache's own formatters) the big log is made of.
+HEALTHY = (EXAMPLES / "glm53-flash" / "healthy" / "vllm.log").read_bytes().split(b"\n")[:-1]
+GEOMETRY = next(line for line in HEALTHY if b"Resolved LMCache MP geometry" in line) + b"\n"
 
 
 def _noise_block(size: int) -> bytes:
-    """About `size` bytes of decorated vLLM lines that carry no fact, as a debug-level log is mostly made of."""
-    lines = [
-        "(EngineCore_DP0 pid=41) DEBUG 11-29 07:01:{s:02d} [core.py:812] EngineCore waiting for work; "
-        "{i} requests in queue, kv cache usage 0.0%",
-        "(Worker_TP{r} pid={pid}) DEBUG 11-29 07:01:{s:02d} [gpu_model_runner.py:2843] loaded shard {i} of "
-        "model.safetensors (tensor layers.{i}.mlp.experts.w13_weight, 234881024 bytes)",
-        '(APIServer pid=1) INFO:     127.0.0.1:{port} - "GET /health HTTP/1.1" 503 Service Unavailable',
-    ]
-    out, i = [], 0
-    total = 0
+    """About `size` bytes of the example's vLLM lines that carry no fact, as a debug-level log is mostly made of."""
+    noise = [line + b"\n" for line in HEALTHY if line.startswith((b"(Worker_TP", b"(EngineCore pid="))]
+    out, total, i = [], 0, 0
     while total < size:
-        line = lines[i % 3].format(s=i % 60, i=i, r=i % 4, pid=53 + i % 4, port=40000 + i % 20000) + "\n"
+        line = noise[i % len(noise)]
         out.append(line)
         total += len(line)
         i += 1
-    return "".join(out).encode()
-
-
-def _fact_lines(ranks: range) -> bytes:
-    return "".join(
-        f"(Worker_TP{r} pid={53 + r}) INFO 11-29 07:09:00 [lmcache_mp_connector.py:668] Resolved LMCache MP geometry: "
-        f"group_tokens_per_block={FLASH_GROUPS}, scheduler_block_size=1152, cache_model_name=zai-org/GLM-5.3-Flash\n"
-        for r in ranks
-    ).encode()
+    return b"".join(out)
 
 
 def write_big_log(path: Path, size_mib: int) -> None:
-    """A decorated log of `size_mib` MiB: the block-size line, noise, then geometry from ranks 0-2 (rank 3 later)."""
+    """A log of `size_mib` MiB: the example's start up to its geometry, noise, then 4 of the 5 geometry lines."""
+    head = b"".join(line + b"\n" for line in HEALTHY[: HEALTHY.index(GEOMETRY[:-1])])
     block = _noise_block(1024 * 1024)
     with path.open("wb") as handle:
-        handle.write(
-            b"(APIServer pid=1) INFO 11-29 07:00:09 [config.py:228] Setting attention block size to 1152 tokens to "
-            b"ensure that attention page size is >= mamba page size.\n"
-        )
+        handle.write(head)
         for _ in range(size_mib):
             handle.write(block)
-        handle.write(_fact_lines(range(3)))
+        handle.write(GEOMETRY * 4)
 
 
 def glm53_command() -> list[str]:
@@ -93,7 +78,7 @@ def main() -> int:
         full, code, message = timed_probe(log, root / "state", "--time-budget", "0")
         print(f"full scan:   {full * 1000:9.1f} ms  exit {code}  {message[:100]}")
         with log.open("ab") as handle:
-            handle.write(_fact_lines(range(3, 4)))
+            handle.write(GEOMETRY)  # the scheduler's line, the fifth
         follow, code, message = timed_probe(log, root / "state")
         print(f"follow-up:   {follow * 1000:9.1f} ms  exit {code}  {message[:100]}")
         print(f"ratio full/follow-up: {full / follow:.0f}x (target >= 100x)")

@@ -12,11 +12,13 @@ from glm53.logparse import (
     AttentionBlockSize,
     ChunkSizeRejected,
     EngineDied,
+    EngineProcess,
     LineOrigin,
     MalformedLine,
     NegotiatedChunk,
     Record,
     ResolvedGeometry,
+    RunStarted,
     ServerUnreachable,
     parse_line,
     parse_lines,
@@ -24,9 +26,18 @@ from glm53.logparse import (
 )
 
 FIXTURES = Path(__file__).parent / "fixtures" / "logs"
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "logs"
 FLASH_GROUPS = (1152, 1152, 1152, 1152, 1152, 0)
 NO_ORIGIN = LineOrigin()
 TP3 = LineOrigin("Worker_TP3", 812, 3)
+ENGINE = LineOrigin("EngineCore", 41, None)
+API = LineOrigin("APIServer", 1, None)
+
+
+def generated(scenario: str, needle: str) -> str:
+    """The first line of a generated example log (vLLM's and LMCache's own formatters) that contains `needle`."""
+    text = (EXAMPLES / scenario / "vllm.log").read_text()
+    return next(line.rstrip("\r") for line in text.split("\n") if needle in line)
 
 
 @pytest.mark.parametrize(
@@ -102,6 +113,62 @@ def test_recognised_lines(line: str, expected: Record) -> None:
 
 
 @pytest.mark.parametrize(
+    ("scenario", "needle", "expected"),
+    [
+        # LMCache's own format, printed by the scheduler and every worker alike: no process tag.
+        (
+            "glm53-flash/healthy",
+            "Resolved LMCache MP geometry",
+            ResolvedGeometry(FLASH_GROUPS, 1152, "zai-org/GLM-5.3-Flash", NO_ORIGIN),
+        ),
+        ("glm53-flash/healthy", "Setting attention block size", AttentionBlockSize(1152, API)),
+        # The released 0.5.6 wording ("group 0", no "engine"), in EngineCore's logged traceback.
+        ("glm53-flash/wrong-chunk", "ValueError: LMCache chunk size", ChunkSizeRejected(256, 1152, ENGINE)),
+        ("glm53-flash/wrong-chunk", "EngineCore failed to start", EngineDied("EngineCore failed to start", ENGINE)),
+        (
+            "glm53-flash/wrong-chunk",
+            "RuntimeError: Engine core initialization failed",
+            EngineDied("Engine core initialization failed", NO_ORIGIN),
+        ),
+        (
+            "glm53-flash/sidecar-unreachable",
+            "Cannot reach the LMCache MP server",
+            ServerUnreachable("tcp://localhost:5555", NO_ORIGIN),
+        ),
+        # Both start banners: the plain one and the logo's version line.
+        ("glm53-flash/plain-banner", "vLLM server version", RunStarted("0.33.0", "zai-org/GLM-5.3-Flash", API)),
+        ("glm53-flash/healthy", "version 0.33.0", RunStarted("0.33.0", None, API)),
+        ("glm53-flash/healthy", "(EngineCore pid=41)", EngineProcess(ENGINE)),
+    ],
+)
+def test_generated_lines(scenario: str, needle: str, expected: Record) -> None:
+    assert parse_line(generated(scenario, needle)) == expected
+
+
+def test_the_coloured_logo_starts_a_run() -> None:
+    lines = (FIXTURES / "coloured-flash.log").read_text().split("\n")
+    records = [r for r in parse_lines(lines) if isinstance(r, RunStarted)]
+    assert records == [RunStarted("0.33.0", None, API)]
+
+
+def test_the_logo_and_multi_line_messages_carry_no_other_fact() -> None:
+    # The logo's other lines, the LMCache warning's continuation lines and the traceback source lines are no facts.
+    for scenario in ("glm53-flash/healthy", "glm53-flash/sidecar-unreachable", "glm53-flash/wrong-chunk"):
+        lines = (EXAMPLES / scenario / "vllm.log").read_text().split("\n")
+        for line in lines:
+            if "[startup.py:" in line and "version 0.33.0" not in line:
+                assert parse_line(line) is None
+            if line.startswith(("This usually", "To ", "    ", "See ", "  File")):
+                assert parse_line(line) is None
+
+
+def test_engine_lines_are_reported_once_per_pid() -> None:
+    line = generated("glm53-flash/healthy", "(EngineCore pid=41)")
+    lines = [line, line, line.replace("pid=41", "pid=97"), line.replace("pid=41", "pid=97")]
+    assert list(parse_lines(lines)) == [EngineProcess(ENGINE), EngineProcess(LineOrigin("EngineCore", 97, None))]
+
+
+@pytest.mark.parametrize(
     ("line", "kind"),
     [
         # Seed 001's placeholder form carries no numbers at all.
@@ -142,6 +209,8 @@ def test_other_lines_carry_no_record(line: str) -> None:
     [
         ("(Worker_TP3 pid=812) INFO x", TP3),
         ("(Worker_PP1_TP2 pid=9) DEBUG x", LineOrigin("Worker_PP1_TP2", 9, 2)),
+        ("(Worker_TP0_EP0 pid=9) DEBUG x", LineOrigin("Worker_TP0_EP0", 9, 0)),
+        ("\x1b[0;36m(Worker_TP5_EP5 pid=9)\x1b[0;0m INFO x", LineOrigin("Worker_TP5_EP5", 9, 5)),
         ("(APIServer pid=1) Traceback (most recent call last):", LineOrigin("APIServer", 1, None)),
         ("(EngineCore_DP0) INFO x", LineOrigin("EngineCore_DP0", None, None)),
         ("INFO something (Worker_TP1 pid=4) later in the message", NO_ORIGIN),
@@ -165,13 +234,18 @@ def _fixture_lines(name: str) -> list[str]:
 def test_garbage_fixture_yields_only_the_real_line_and_malformed_ones() -> None:
     records = list(parse_lines(_fixture_lines("garbage.log")))
     assert [type(r) for r in records] == [ResolvedGeometry, MalformedLine, MalformedLine]
-    assert records[0] == ResolvedGeometry(FLASH_GROUPS, 1152, "zai-org/GLM-5.3-Flash", LineOrigin("Worker_TP0", 53, 0))
+    assert records[0] == ResolvedGeometry(FLASH_GROUPS, 1152, "zai-org/GLM-5.3-Flash", NO_ORIGIN)
 
 
 def test_absurd_numbers_are_all_malformed() -> None:
-    records = list(parse_lines(_fixture_lines("absurd.log")))
-    assert len(records) == 6
-    assert all(isinstance(r, MalformedLine) for r in records)
+    records = [r for r in parse_lines(_fixture_lines("absurd.log")) if not isinstance(r, EngineDied | EngineProcess)]
+    assert [r.kind for r in records if isinstance(r, MalformedLine)] == [
+        "geometry",
+        "geometry",
+        "attention block size",
+        "chunk size error",
+    ]
+    assert len(records) == 4
 
 
 def test_seed_fixture_lines() -> None:

@@ -1,9 +1,13 @@
 """Recognise the start-up lines of vLLM and the LMCache server inside real, decorated log output.
 
-Pure functions over text: no file access, no clock. vLLM prefixes every line with a process tag, a level and a
-timestamp (`(Worker_TP3 pid=812) INFO 11-29 07:00:01 [file.py:668] ...`), TP workers repeat lines once per rank, and
-anything else may be interleaved, so each pattern is searched for anywhere in the line and the decoration is parsed
-separately. Garbage, replacement characters from binary bytes, half-written lines and absurd numbers yield either no
+Pure functions over text: no file access, no clock. Two formats share one log. vLLM 0.33 prefixes each of its own
+lines, continuation lines of a multi-line message included, with a process tag, a level and a timestamp
+(`(Worker_TP3 pid=812) INFO 11-29 07:00:01 [file.py:668] ...`; vllm/logger.py:28-33 `_FORMAT`, `_DATE_FORMAT`,
+vllm/logging_utils/formatter.py:73-77 NewLineFormatter). LMCache 0.5.6 logs through its own handler with its own
+colour-coded format and no process tag (lmcache/logging.py:8-15, 66-81), so the connector's geometry line, printed once
+by the scheduler and once per TP worker, carries nothing that says who printed it. Anything else may be interleaved,
+so each pattern is searched for anywhere in the line and the decoration is parsed separately.
+Garbage, replacement characters from binary bytes, half-written lines and absurd numbers yield either no
 record or a `MalformedLine`; they never raise.
 """
 
@@ -92,6 +96,30 @@ class EngineDied:
 
 
 @dataclass(frozen=True)
+class RunStarted:
+    """vLLM's start banner: a new vLLM run begins in this log (a restarted container appends to the same file).
+
+    vllm 0.33.0 entrypoints/common/startup.py:16-38 logs either `vLLM server version V, serving model M` or, when its
+    own formatter is in place and VLLM_DISABLE_LOG_LOGO is unset (the default), a multi-line logo whose second line
+    carries `version V` and whose third carries `model M`; only the version line is recognised, so `model` is None then.
+    """
+
+    version: str
+    model: str | None
+    origin: LineOrigin
+
+
+@dataclass(frozen=True)
+class EngineProcess:
+    """A line tagged by vLLM's engine-core process, whose pid identifies the run as much as the banner does.
+
+    vllm 0.33.0 v1/engine/utils.py:289 names the process `EngineCore` (`EngineCore_DP<n>` with data parallelism).
+    """
+
+    origin: LineOrigin
+
+
+@dataclass(frozen=True)
 class MalformedLine:
     """A line that names one of the facts above but whose values cannot be trusted (cut, garbled or absurd)."""
 
@@ -107,6 +135,8 @@ Record = (
     | ChunkSizeRejected
     | ServerUnreachable
     | EngineDied
+    | RunStarted
+    | EngineProcess
     | MalformedLine
 )
 
@@ -114,7 +144,12 @@ Record = (
 # and also on undecorated worker output such as tracebacks), so a parenthesised word inside a message is never taken
 # for a process.
 _ORIGIN = re.compile(r"\s*(?:\x1b\[[\d;]*m)?\((?P<process>[A-Za-z][\w.-]{0,63})(?:\s+pid=(?P<pid>\d{1,10}))?\)")
-_RANK = re.compile(r"(?:TP|_rank|Rank)(?P<rank>\d{1,5})$")
+# vllm 0.33.0 v1/executor/multiproc_executor.py:1214-1229 builds worker names from parts, e.g. `Worker_TP3`,
+# `Worker_PP1_TP3`, `Worker_TP0_EP0`: the TP rank is the number after `TP`, wherever that part stands.
+_RANK = re.compile(r"(?:TP|_rank|Rank)(?P<rank>\d{1,5})(?:_|$)")
+# The tag of vLLM's engine-core process, plain or wrapped in ColoredFormatter's cyan
+# (vllm/logging_utils/formatter.py:98-112).
+_ENGINE_TAGS = ("(EngineCore", "\x1b[0;36m(EngineCore")
 
 # Variants seen upstream: vLLM's generic hybrid wording, a GLM-5-specific one and platform prefixes such as `[XPU]`;
 # all say "attention block size to N tokens", which is what we anchor on, tolerating whatever follows.
@@ -134,22 +169,34 @@ _GEOMETRY = re.compile(
 )
 _GEOMETRY_HINT = "Resolved LMCache MP geometry"
 
-# The connector's refusal of a chunk size that is no multiple of a group's block size. The contract's wording names the
-# engine group; the released 0.5.6 `kv_layer_groups.py` says `lmcache_tokens_per_chunk C must be a multiple of
-# tokens_per_block B`. Both carry the two numbers in the same order.
+# The connector's refusal of a chunk size that is no multiple of a group's block size. lmcache 0.5.6
+# integration/vllm/lmcache_mp_connector.py:815-819 says `LMCache chunk size C must be a multiple of group G
+# tokens_per_block B` (scheduler side, at start-up); v1/kv_layer_groups.py:751-756 says `group G:
+# lmcache_tokens_per_chunk C must be a multiple of tokens_per_block B`. Both carry the two numbers in the same order.
 _CHUNK_REJECTED = re.compile(
     r"(?:LMCache chunk size|lmcache_tokens_per_chunk) (?P<chunk>\S+) must be a\s+multiple of "
-    r"(?:engine group \d+ )?(?:tokens_per_block )?(?P<required>[^\s,.;)]+)"
+    r"(?:(?:engine )?group \d+ )?(?:tokens_per_block )?(?P<required>[^\s,.;)]+)"
 )
 _CHUNK_REJECTED_HINTS = ("LMCache chunk size", "lmcache_tokens_per_chunk")
+# lmcache 0.5.6 integration/vllm/vllm_multi_process_adapter.py:315-317 (a multi-line warning, then ConnectionError).
 _UNREACHABLE = re.compile(r"Cannot reach the LMCache MP server at '(?P<url>[^']*)'")
 
+# vllm 0.33.0 v1/engine/core.py:1584 (`EngineCore failed to start.`, logged with the traceback) and
+# v1/engine/utils.py:1473-1476 (the API server's RuntimeError); the last two are later failures of a running engine.
 _ENGINE_DEATH_PHRASES = (
     "EngineCore failed to start",
     "Engine core initialization failed",
     "EngineDeadError",
     "died unexpectedly",
 )
+
+
+# vllm 0.33.0 entrypoints/common/startup.py:18 (plain banner) and :20-24 (the logo's second line; the colour codes
+# around the version appear only under ColoredFormatter).
+_BANNER = re.compile(r"vLLM server version (?P<version>\S+), serving model (?P<model>\S+)")
+_BANNER_HINT = "vLLM server version"
+_LOGO = re.compile(r"\u2580\u2584\u2580 \u2588(?:\x1b\[[\d;]*m)*\s+version\s+(?:\x1b\[[\d;]*m)*(?P<version>[^\s\x1b]+)")
+_LOGO_HINT = "\u2580\u2584\u2580"  # the logo's "▀▄▀", in no other line
 
 
 def parse_origin(line: str) -> LineOrigin:
@@ -225,6 +272,13 @@ def _parse_rejected(line: str, origin: LineOrigin) -> Record | None:
 
 def parse_line(line: str) -> Record | None:
     """The record one log line carries, or None when it carries none of the facts the deployment checks."""
+    record = _fact(line)
+    if record is None and line.startswith(_ENGINE_TAGS):
+        return EngineProcess(parse_origin(line))
+    return record
+
+
+def _fact(line: str) -> Record | None:
     if _GEOMETRY_HINT in line:
         return _parse_geometry(line, parse_origin(line))
     if _NEGOTIATED_HINT in line:
@@ -238,12 +292,24 @@ def parse_line(line: str) -> Record | None:
     for phrase in _ENGINE_DEATH_PHRASES:
         if phrase in line:
             return EngineDied(phrase, parse_origin(line))
+    if _BANNER_HINT in line and (match := _BANNER.search(line)):
+        return RunStarted(match.group("version"), match.group("model"), parse_origin(line))
+    if _LOGO_HINT in line and (match := _LOGO.search(line)):
+        return RunStarted(match.group("version"), None, parse_origin(line))
     return None
 
 
 def parse_lines(lines: Iterable[str]) -> Iterator[Record]:
-    """Every record in `lines`, in order; lines that carry none are skipped."""
+    """Every record in `lines`, in order; lines that carry none are skipped.
+
+    An `EngineProcess` is yielded only when the engine's tag differs from the previous engine line's, since only a
+    change of pid matters and a debug-level log has millions of engine lines.
+    """
+    last_engine_tag = "\0"  # no line starts with NUL
     for line in lines:
-        record = parse_line(line)
+        record = _fact(line)
+        if record is None and line.startswith(_ENGINE_TAGS) and not line.startswith(last_engine_tag):
+            last_engine_tag = line[: line.find(")") + 1]
+            record = EngineProcess(parse_origin(line))
         if record is not None:
             yield record

@@ -3,16 +3,23 @@
 Pure core, no I/O: `StartupFacts` accumulates parsed log records (and round-trips through JSON, because each probe
 invocation reads only the bytes added since the previous one and must remember what earlier bytes said), and
 `evaluate` turns the facts into a `Verdict` against a model profile. The rules come from the seed recipes and the
-released packages: every rank logs the same geometry of the profile's shape, the scheduler block size is the LCM of the
-cacheable groups, and the chunk size the server really uses (negotiated if it logged so, else configured) is a multiple
-of every cacheable group. All model facts come from the profile table; there is no per-model branch here.
+released packages: every connector of a vLLM start logs the same geometry of the profile's shape, the scheduler block
+size is the LCM of the cacheable groups, and the chunk size the server really uses (negotiated if it logged so, else
+configured) is a multiple of every cacheable group. All model facts come from the profile table; there is no per-model
+branch here.
+
+The geometry line carries no process tag (LMCache logs it through its own handler, lmcache 0.5.6 lmcache/logging.py:
+66-81), so a run is judged by counting: lmcache 0.5.6 integration/vllm/lmcache_mp_connector.py:667-672 logs it in
+`LMCacheMPConnector.__init__`, which vLLM runs once per TP worker (vllm 0.33.0 v1/worker/gpu_worker.py:887) and once
+for the scheduler (v1/engine/core.py:163-180, after the workers): TP + 1 identical lines per start.
 """
 
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TypeVar
 
 from glm53.chunks import required_alignment, round_up
@@ -20,10 +27,12 @@ from glm53.logparse import (
     AttentionBlockSize,
     ChunkSizeRejected,
     EngineDied,
+    LineOrigin,
     MalformedLine,
     NegotiatedChunk,
     Record,
     ResolvedGeometry,
+    RunStarted,
     ServerUnreachable,
 )
 from glm53.profiles import ModelProfile
@@ -32,13 +41,17 @@ EXIT_READY = 0
 EXIT_NOT_YET = 3
 EXIT_WRONG = 4
 
-# Lines without a vLLM process tag (e.g. the seed's literal lines) are filed under this origin.
+# Lines without a vLLM process tag (LMCache's own lines, raw tracebacks) are filed under this origin.
 UNDECORATED = "undecorated"
 # Malformed lines are quoted in messages, cut to this length so a probe message stays one readable line.
 _QUOTE_CHARS = 160
-STATE_VERSION = 1
+STATE_VERSION = 2
+# vllm 0.33.0 v1/engine/utils.py:289: the engine-core process is `EngineCore` or `EngineCore_DP<n>`.
+_ENGINE_PROCESS = "EngineCore"
 
 _T = TypeVar("_T")
+# Colour codes (LMCache's are always on) and other control characters must not reach `kubectl describe`.
+_UNPRINTABLE = re.compile(r"\x1b\[[\d;]*m|[\x00-\x1f\x7f]")
 
 
 class Status(enum.Enum):
@@ -65,10 +78,16 @@ class Verdict:
 
 @dataclass(frozen=True)
 class GeometryFact:
+    """One geometry the connectors of the current run logged, and how many of its lines appeared."""
+
     groups: tuple[int, ...]
     scheduler_block_size: int | None
     cache_model_name: str | None
-    rank: int | None
+    lines: int = 1
+
+    @property
+    def text(self) -> str:
+        return f"group_tokens_per_block={list(self.groups)}, scheduler_block_size={self.scheduler_block_size}"
 
 
 @dataclass(frozen=True)
@@ -99,12 +118,14 @@ class EngineDeathFact:
 
 @dataclass
 class StartupFacts:
-    """What the logs said so far, per origin (vLLM process tag) where it matters.
+    """What the logs said since the current vLLM run began.
 
-    A geometry line from an origin that already logged one, or that logged a failure, means vLLM started again (the
-    container restarted and `glm53 supervise` appended to the same log): the earlier run's geometry and failures are
-    dropped so a failure that a restart fixed does not keep the probe failing forever. Block sizes and the server's
-    negotiated line are kept (the latest per origin wins) because they precede the geometry of the run they belong to.
+    A run begins at vLLM's start banner, or where an engine-core process of the same name logs under a new pid (a
+    restarted container appends to the same log through `glm53 supervise`, and in a pod's pid namespace the new
+    processes often get the old pids, so the banner is the main boundary). The earlier run's geometry, block sizes
+    and failures are dropped, so a failure that a restart fixed does not keep the probe failing forever. The
+    server's negotiated line is kept: the LMCache server is a separate process whose start is no vLLM run boundary.
+    `geometries` maps each distinct geometry text to its fact, in the order first seen.
     """
 
     geometries: dict[str, GeometryFact] = field(default_factory=dict)
@@ -116,49 +137,76 @@ class StartupFacts:
     malformed_count: int = 0
     last_malformed: str | None = None
     restarts: int = 0
+    vllm_version: str | None = None
+    engine_pids: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def geometry_lines(self) -> int:
+        return sum(g.lines for g in self.geometries.values())
 
     def add(self, record: Record) -> None:
+        self._observe_engine(record.origin)
         source = record.origin.process or UNDECORATED
-        if isinstance(record, ResolvedGeometry):
-            if source in self.geometries or source in self._failure_sources():
-                self._start_new_run()
-            self.geometries[source] = GeometryFact(
-                record.group_tokens_per_block, record.scheduler_block_size, record.cache_model_name, record.origin.rank
+        if isinstance(record, RunStarted):
+            self._start_new_run()
+            self.vllm_version = record.version
+        elif isinstance(record, ResolvedGeometry):
+            self._count_geometry(
+                GeometryFact(record.group_tokens_per_block, record.scheduler_block_size, record.cache_model_name)
             )
         elif isinstance(record, AttentionBlockSize):
             self.block_sizes[source] = record.tokens
         elif isinstance(record, NegotiatedChunk):
             self.negotiated = NegotiatedFact(record.resolved, record.configured_min, record.alignment)
         elif isinstance(record, ChunkSizeRejected):
-            self.refusal = RefusalFact(record.chunk_size, record.required_multiple, source)
+            # A traceback is printed twice (the engine's log line and multiprocessing's report); the first names the
+            # process.
+            self.refusal = self.refusal or RefusalFact(record.chunk_size, record.required_multiple, source)
         elif isinstance(record, ServerUnreachable):
-            self.unreachable = UnreachableFact(record.url, source)
+            self.unreachable = self.unreachable or UnreachableFact(record.url, source)
         elif isinstance(record, EngineDied):
             # The first death line names the cause; the ones after it ("See root cause above") only echo it.
             self.engine_death = self.engine_death or EngineDeathFact(record.reason, source)
         elif isinstance(record, MalformedLine):
             self.malformed_count += 1
-            self.last_malformed = f"{record.kind}: {record.text[:_QUOTE_CHARS]}"
+            self.last_malformed = f"{record.kind}: {_printable(record.text)[:_QUOTE_CHARS]}"
 
     def add_all(self, records: Iterable[Record]) -> None:
         for record in records:
             self.add(record)
 
-    def _failure_sources(self) -> set[str]:
-        return {f.source for f in (self.refusal, self.unreachable, self.engine_death) if f is not None}
+    def _count_geometry(self, fact: GeometryFact) -> None:
+        known = self.geometries.get(fact.text)
+        self.geometries[fact.text] = fact if known is None else replace(known, lines=known.lines + fact.lines)
+
+    def _observe_engine(self, origin: LineOrigin) -> None:
+        if origin.pid is None or origin.process is None or not origin.process.startswith(_ENGINE_PROCESS):
+            return
+        known = self.engine_pids.get(origin.process)
+        if known is not None and known != origin.pid:
+            self._start_new_run()
+        self.engine_pids[origin.process] = origin.pid
 
     def _start_new_run(self) -> None:
+        if self.geometries or self.block_sizes or self.engine_pids or self._failed:
+            self.restarts += 1
         self.geometries.clear()
+        self.block_sizes.clear()
+        self.engine_pids.clear()
         self.refusal = self.unreachable = self.engine_death = None
         self.malformed_count, self.last_malformed = 0, None
-        self.restarts += 1
+
+    @property
+    def _failed(self) -> bool:
+        return any(f is not None for f in (self.refusal, self.unreachable, self.engine_death))
 
     @classmethod
     def combined(cls, parts: Iterable[StartupFacts]) -> StartupFacts:
         """One view over several logs (vLLM's and the LMCache server's are separate files with separate facts)."""
         total = cls()
         for part in parts:
-            total.geometries.update(part.geometries)
+            for geometry in part.geometries.values():
+                total._count_geometry(geometry)
             total.block_sizes.update(part.block_sizes)
             total.negotiated = part.negotiated or total.negotiated
             total.refusal = total.refusal or part.refusal
@@ -167,6 +215,8 @@ class StartupFacts:
             total.malformed_count += part.malformed_count
             total.last_malformed = part.last_malformed or total.last_malformed
             total.restarts += part.restarts
+            total.vllm_version = total.vllm_version or part.vllm_version
+            total.engine_pids.update(part.engine_pids)
         return total
 
     def to_json(self) -> dict[str, object]:
@@ -187,15 +237,11 @@ class StartupFacts:
         if obj.get("version") != STATE_VERSION:
             raise ValueError(f"facts have version {obj.get('version')!r}, expected {STATE_VERSION}")
         geometries = {
-            _str(key, "geometry origin"): _geometry(value) for key, value in _object(obj["geometries"], "geo").items()
-        }
-        block_sizes = {
-            _str(key, "block size origin"): _int(value, "block size")
-            for key, value in _object(obj["block_sizes"], "block_sizes").items()
+            _str(key, "geometry text"): _geometry(value) for key, value in _object(obj["geometries"], "geo").items()
         }
         return cls(
             geometries=geometries,
-            block_sizes=block_sizes,
+            block_sizes=_int_map(obj["block_sizes"], "block size"),
             negotiated=_optional(obj["negotiated"], _negotiated),
             refusal=_optional(obj["refusal"], _refusal),
             unreachable=_optional(obj["unreachable"], _unreachable),
@@ -203,6 +249,8 @@ class StartupFacts:
             malformed_count=_int(obj["malformed_count"], "malformed_count"),
             last_malformed=_optional(obj["last_malformed"], lambda v: _str(v, "last_malformed")),
             restarts=_int(obj["restarts"], "restarts"),
+            vllm_version=_optional(obj["vllm_version"], lambda v: _str(v, "vllm_version")),
+            engine_pids=_int_map(obj["engine_pids"], "engine pid"),
         )
 
 
@@ -241,14 +289,42 @@ def _evaluate(
         return failure
     if not facts.geometries:
         return _waiting_for_geometry(profile, facts, bytes_read)
-    disagreement = _ranks_disagree(facts.geometries)
-    if disagreement is not None:
-        return Verdict.of(Status.WRONG, disagreement)
-    rank_problem = _rank_coverage(facts, tensor_parallel_size, bytes_read)
-    if rank_problem is not None:
-        return rank_problem
+    expected = tensor_parallel_size + 1
+    if len(facts.geometries) > 1:
+        found = " and ".join(f"{g.lines} x {g.text}" for g in facts.geometries.values())
+        return Verdict.of(
+            Status.WRONG,
+            f"the connectors disagree on the cache geometry: expected all {expected} 'Resolved LMCache MP geometry' "
+            f"lines since {_run_text(facts)} (scheduler + {tensor_parallel_size} TP workers) to be the same, "
+            f"found {found}; make every rank run the same model, TP size and attention backend, then restart the pod",
+        )
     geometry = next(iter(facts.geometries.values()))
-    return _check_geometry(profile, tensor_parallel_size, configured_chunk_size, facts, geometry)
+    problem = _geometry_problem(profile, tensor_parallel_size, configured_chunk_size, facts, geometry)
+    if problem is not None:
+        return Verdict.of(Status.WRONG, problem)
+    if geometry.lines > expected:
+        return Verdict.of(
+            Status.WRONG,
+            f"expected {expected} 'Resolved LMCache MP geometry' lines (scheduler + {tensor_parallel_size} TP workers) "
+            f"since {_run_text(facts)}, found {geometry.lines}; give the probe vLLM's --tensor-parallel-size, and keep "
+            "vLLM's log level at INFO or below so its start banner marks each restart",
+        )
+    if geometry.lines < expected:
+        return Verdict.of(
+            Status.NOT_YET,
+            f"{geometry.lines} of {expected} 'Resolved LMCache MP geometry' lines (scheduler + {tensor_parallel_size} "
+            f"TP workers) since {_run_text(facts)}, all {geometry.text}; nothing to change yet, waiting for the rest "
+            f"after reading {bytes_read} bytes of log{_malformed_note(facts)}",
+        )
+    return _ready(profile, tensor_parallel_size, configured_chunk_size, facts, geometry)
+
+
+def _run_text(facts: StartupFacts) -> str:
+    """How the current run is named in messages: by the version its banner announced, when one was seen."""
+    if facts.vllm_version is None:
+        return "the log began" if not facts.restarts else f"vLLM's latest start ({facts.restarts} earlier in this log)"
+    again = f" again ({facts.restarts} earlier start(s) in this log)" if facts.restarts else ""
+    return f"vLLM {facts.vllm_version} started{again}"
 
 
 def _failure(facts: StartupFacts) -> Verdict | None:
@@ -258,33 +334,44 @@ def _failure(facts: StartupFacts) -> Verdict | None:
         fix = round_up(refusal.chunk_size, max(refusal.required_multiple, 1))
         return Verdict.of(
             Status.WRONG,
-            f"the LMCache connector ({refusal.source}) refused the chunk size: expected a multiple of "
-            f"{refusal.required_multiple}, found {refusal.chunk_size}; set --chunk-size {fix} on the LMCache server "
-            "(the released LMCache 0.5.6 does not negotiate it)",
+            f"the LMCache connector{_in(refusal.source)} refused the chunk size: expected a multiple of the "
+            f"group's tokens_per_block {refusal.required_multiple}, found --chunk-size {refusal.chunk_size}; set "
+            f"--chunk-size {fix} on the LMCache server (the released LMCache 0.5.6 does not negotiate it)",
         )
     if facts.unreachable is not None:
         return Verdict.of(
             Status.WRONG,
-            f"vLLM ({facts.unreachable.source}) cannot reach the LMCache MP server at {facts.unreachable.url!r}; "
+            f"vLLM's LMCache connector{_in(facts.unreachable.source)} cannot reach the LMCache MP server at "
+            f"{facts.unreachable.url!r}; "
             "expected the lmcache sidecar listening there: check that it runs and that lmcache.mp.host / "
             "lmcache.mp.port in --kv-transfer-config match its --host / --port",
         )
     if facts.engine_death is not None:
         return Verdict.of(
             Status.WRONG,
-            f"vLLM's engine died during start-up ({facts.engine_death.source}: {facts.engine_death.reason!r}); "
+            f"vLLM's engine died during start-up{_in(facts.engine_death.source)} ({facts.engine_death.reason!r}); "
             "expected it to load the model: read the lines above it in vLLM's log for the root cause",
         )
     return None
 
 
+def _printable(text: str) -> str:
+    return _UNPRINTABLE.sub("", text)
+
+
+def _in(source: str) -> str:
+    """` in EngineCore` for a vLLM-tagged line; nothing for LMCache's lines and raw tracebacks (they name no one)."""
+    return "" if source == UNDECORATED else f" in {source}"
+
+
 def _waiting_for_geometry(profile: ModelProfile, facts: StartupFacts, bytes_read: int) -> Verdict:
-    missing = "the connector's 'Resolved LMCache MP geometry' line"
+    missing = "the connectors' 'Resolved LMCache MP geometry' lines"
     if profile.follows_unified_block_size and not facts.block_sizes:
         missing = f"vLLM's 'Setting attention block size' line and {missing}"
     return Verdict.of(
         Status.NOT_YET,
-        f"vLLM is still loading: waiting for {missing}; read {bytes_read} bytes of log so far{_malformed_note(facts)}",
+        f"vLLM is still loading (no geometry line since {_run_text(facts)}): waiting for {missing}; nothing to "
+        f"change yet, read {bytes_read} bytes of log so far{_malformed_note(facts)}",
     )
 
 
@@ -292,43 +379,6 @@ def _malformed_note(facts: StartupFacts) -> str:
     if not facts.malformed_count:
         return ""
     return f"; {facts.malformed_count} fact line(s) could not be parsed (last: {facts.last_malformed})"
-
-
-def _ranks_disagree(geometries: dict[str, GeometryFact]) -> str | None:
-    distinct: dict[tuple[tuple[int, ...], int | None], list[str]] = {}
-    for source, geometry in sorted(geometries.items()):
-        distinct.setdefault((geometry.groups, geometry.scheduler_block_size), []).append(source)
-    if len(distinct) < 2:
-        return None
-    found = "; ".join(
-        f"{', '.join(sources)}: group_tokens_per_block={list(groups)}, scheduler_block_size={sched}"
-        for (groups, sched), sources in distinct.items()
-    )
-    return (
-        f"vLLM ranks disagree on the cache geometry: expected every rank to log the same, found {found}; make every "
-        "rank run the same model, TP size and attention backend, then restart the pod"
-    )
-
-
-def _rank_coverage(facts: StartupFacts, tensor_parallel_size: int, bytes_read: int) -> Verdict | None:
-    ranks = {g.rank for g in facts.geometries.values() if g.rank is not None}
-    if not ranks:  # undecorated or single-process logs: one geometry line is all there is
-        return None
-    if max(ranks) >= tensor_parallel_size:
-        return Verdict.of(
-            Status.WRONG,
-            f"expected TP ranks 0..{tensor_parallel_size - 1} (--tensor-parallel-size {tensor_parallel_size}), found "
-            f"a geometry line from rank {max(ranks)}; give the probe the TP size vLLM runs with",
-        )
-    missing = [f"TP{rank}" for rank in range(tensor_parallel_size) if rank not in ranks]
-    if missing:
-        return Verdict.of(
-            Status.NOT_YET,
-            f"{len(ranks)} of {tensor_parallel_size} TP ranks logged their geometry; waiting for the 'Resolved LMCache "
-            f"MP geometry' line of {', '.join(missing)} after reading {bytes_read} bytes of log"
-            + _malformed_note(facts),
-        )
-    return None
 
 
 def _shape(profile: ModelProfile) -> str:
@@ -354,58 +404,71 @@ def _unified_size_from_groups(profile: ModelProfile, groups: tuple[int, ...]) ->
     return (follows.pop() if follows else None), None
 
 
-def _check_geometry(
+def _geometry_problem(
+    profile: ModelProfile,
+    tensor_parallel_size: int,
+    configured_chunk_size: int,
+    facts: StartupFacts,
+    geometry: GeometryFact,
+) -> str | None:
+    """What is wrong with a geometry as soon as its first line appears (more lines of it cannot fix it), or None."""
+    groups = geometry.groups
+    unified, shape_problem = _unified_size_from_groups(profile, groups)
+    if shape_problem is not None:
+        return shape_problem
+    alignment = required_alignment(groups)
+    if geometry.scheduler_block_size is not None and geometry.scheduler_block_size != alignment:
+        return (
+            f"expected scheduler_block_size = LCM of the non-zero groups {list(groups)} = {alignment}, found "
+            f"{geometry.scheduler_block_size}; the connector and vLLM disagree: use an LMCache build that matches vLLM"
+        )
+    block_problem = _block_size_problem(profile, tensor_parallel_size, facts, unified)
+    if block_problem is not None:
+        return block_problem
+    negotiated = facts.negotiated
+    if negotiated is not None and (
+        negotiated.alignment != alignment or negotiated.resolved != round_up(negotiated.configured_min, alignment)
+    ):
+        return (
+            f"expected the LMCache server to negotiate configured_min={negotiated.configured_min} up to the "
+            f"smallest multiple of the geometry's alignment {alignment} "
+            f"({round_up(negotiated.configured_min, alignment)}), found resolved={negotiated.resolved} with "
+            f"required_alignment={negotiated.alignment}; restart the LMCache server so it negotiates against "
+            "this vLLM's geometry"
+        )
+    chunk, chunk_source = _effective_chunk(configured_chunk_size, facts)
+    if chunk % alignment != 0:
+        return (
+            f"expected the chunk size to be a multiple of every non-zero group (LCM {alignment} of {list(groups)}), "
+            f"found {chunk} ({chunk_source}); set --chunk-size {round_up(chunk, alignment)} on the LMCache server"
+        )
+    return None
+
+
+def _effective_chunk(configured_chunk_size: int, facts: StartupFacts) -> tuple[int, str]:
+    """The chunk size the server uses and where it comes from: negotiated when it logged so, else configured."""
+    if facts.negotiated is None:
+        return configured_chunk_size, "configured; no negotiation logged"
+    return facts.negotiated.resolved, f"negotiated from {facts.negotiated.configured_min}"
+
+
+def _ready(
     profile: ModelProfile,
     tensor_parallel_size: int,
     configured_chunk_size: int,
     facts: StartupFacts,
     geometry: GeometryFact,
 ) -> Verdict:
-    groups = geometry.groups
-    unified, shape_problem = _unified_size_from_groups(profile, groups)
-    if shape_problem is not None:
-        return Verdict.of(Status.WRONG, shape_problem)
-    alignment = required_alignment(groups)
-    if geometry.scheduler_block_size is not None and geometry.scheduler_block_size != alignment:
-        return Verdict.of(
-            Status.WRONG,
-            f"expected scheduler_block_size = LCM of the non-zero groups {list(groups)} = {alignment}, found "
-            f"{geometry.scheduler_block_size}; the connector and vLLM disagree: use an LMCache build that matches vLLM",
-        )
-    block_problem = _block_size_problem(profile, tensor_parallel_size, facts, unified)
-    if block_problem is not None:
-        return Verdict.of(Status.WRONG, block_problem)
-    chunk, chunk_source = configured_chunk_size, "configured; no negotiation logged"
-    if facts.negotiated is not None:
-        negotiated = facts.negotiated
-        if negotiated.alignment != alignment or negotiated.resolved != round_up(negotiated.configured_min, alignment):
-            return Verdict.of(
-                Status.WRONG,
-                f"expected the LMCache server to negotiate configured_min={negotiated.configured_min} up to the "
-                f"smallest multiple of the geometry's alignment {alignment} "
-                f"({round_up(negotiated.configured_min, alignment)}), found resolved={negotiated.resolved} with "
-                f"required_alignment={negotiated.alignment}; restart the LMCache server so it negotiates against "
-                "this vLLM's geometry",
-            )
-        chunk, chunk_source = negotiated.resolved, f"negotiated from {negotiated.configured_min}"
-    if chunk % alignment != 0:
-        return Verdict.of(
-            Status.WRONG,
-            f"expected the chunk size to be a multiple of every non-zero group (LCM {alignment} of {list(groups)}), "
-            f"found {chunk} ({chunk_source}); set --chunk-size {round_up(chunk, alignment)} on the LMCache "
-            "server",
-        )
+    unified, _ = _unified_size_from_groups(profile, geometry.groups)
+    alignment = required_alignment(geometry.groups)
+    chunk, chunk_source = _effective_chunk(configured_chunk_size, facts)
     return Verdict.of(
         Status.READY,
-        f"{profile.display_name} geometry {list(groups)} {_sources_text(facts.geometries)}, "
-        f"scheduler_block_size {alignment}, chunk size {chunk} ({chunk_source}) is a multiple of {alignment}"
-        f"{_validation_note(profile, tensor_parallel_size, unified)}",
+        f"{profile.display_name} geometry {list(geometry.groups)} in all {geometry.lines} connector lines "
+        f"(scheduler + {tensor_parallel_size} TP workers) since {_run_text(facts)}, scheduler_block_size "
+        f"{alignment}, chunk size {chunk} ({chunk_source}) is a multiple of {alignment}"
+        f"{_validation_note(profile, tensor_parallel_size, unified)}; nothing to change",
     )
-
-
-def _sources_text(geometries: dict[str, GeometryFact]) -> str:
-    ranks = sorted(g.rank for g in geometries.values() if g.rank is not None)
-    return f"on all {len(ranks)} TP ranks" if ranks else f"logged by {', '.join(sorted(geometries))}"
 
 
 def _block_size_problem(
@@ -477,8 +540,12 @@ def _geometry(value: object) -> GeometryFact:
         tuple(_int(g, "group") for g in groups),
         _optional_int(obj["scheduler_block_size"], "scheduler_block_size"),
         _optional(obj["cache_model_name"], lambda v: _str(v, "cache_model_name")),
-        _optional_int(obj["rank"], "rank"),
+        _int(obj["lines"], "lines"),
     )
+
+
+def _int_map(value: object, what: str) -> dict[str, int]:
+    return {_str(key, f"{what} key"): _int(item, what) for key, item in _object(value, what).items()}
 
 
 def _negotiated(value: object) -> NegotiatedFact:

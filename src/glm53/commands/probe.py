@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import binascii
 import json
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -18,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from glm53.chunks import parse_positive
+from glm53.errors import Glm53Error
 from glm53.logparse import parse_lines
 from glm53.logtail import LogFollower, TailPosition
-from glm53.probe import StartupFacts, evaluate
+from glm53.probe import StartupFacts, Status, Verdict, evaluate
 from glm53.profiles import LMCACHE_DEFAULT_CHUNK_SIZE, PROFILES, get_profile
 
 # Read a backlog in batches of this many bytes so memory stays flat on a multi-gigabyte first scan; the state is saved
@@ -53,7 +55,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     startup.add_argument(
         "--time-budget",
-        type=float,
+        type=_time_budget,
         default=_DEFAULT_TIME_BUDGET,
         metavar="SECONDS",
         help=f"stop reading after this long and continue next time (default {_DEFAULT_TIME_BUDGET}; 0: no limit)",
@@ -65,6 +67,17 @@ def _build_parser() -> argparse.ArgumentParser:
         help="where positions and facts are kept (default: .probe/ beside the first log)",
     )
     return parser
+
+
+def _time_budget(text: str) -> float:
+    """Seconds, finite and not negative (nan would silently mean "no limit", inf never stops)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0 (0: no limit), got {text!r}")
+    return seconds
 
 
 def _positive_option(text: str | None, option: str, default: int) -> int:
@@ -107,12 +120,14 @@ def _save_state(path: Path, log: Path, position: TailPosition, facts: StartupFac
 
 @dataclass(frozen=True)
 class LogProgress:
-    """What one invocation learned from one log: its facts, bytes read over its history, bytes left, a save problem."""
+    """What one invocation learned from one log: its facts, bytes read over its history, bytes left, a save problem,
+    and whether the file exists yet."""
 
     facts: StartupFacts
     total_bytes: int
     unread_bytes: int
     problem: str | None
+    missing: bool
 
 
 def read_log(log: Path, state_dir: Path, deadline: float | None) -> LogProgress:
@@ -135,7 +150,33 @@ def read_log(log: Path, state_dir: Path, deadline: float | None) -> LogProgress:
             problem = f"state not saved in {state_dir} ({error.strerror or error})"
         if deadline is not None and time.monotonic() > deadline:
             break
-    return LogProgress(facts, follower.total_bytes_read, follower.unread_bytes(), problem)
+    return LogProgress(facts, follower.total_bytes_read, follower.unread_bytes(), problem, not log.exists())
+
+
+def _read_logs(logs: list[Path], state_dir: Path, deadline: float | None) -> list[LogProgress]:
+    """Every log's progress; a log that exists but cannot be read is bad input, said in one line."""
+    progress = []
+    for log in logs:
+        try:
+            progress.append(read_log(log, state_dir, deadline))
+        except OSError as error:
+            raise Glm53Error(
+                f"cannot read --log {log}: {error.strerror or error}; expected a readable log file, such as the "
+                "vllm.log or lmcache.log that glm53 supervise writes"
+            ) from None
+    return progress
+
+
+def _name_missing(verdict: Verdict, progress: list[LogProgress], logs: list[Path]) -> Verdict:
+    """A "not yet" names the logs that do not exist yet, so a wrong --log path does not pass for a slow start."""
+    missing = [str(log) for log, p in zip(logs, progress, strict=True) if p.missing]
+    if verdict.status is not Status.NOT_YET or not missing:
+        return verdict
+    reason = verdict.message.removeprefix(f"{Status.NOT_YET.value}: ")
+    return Verdict.of(
+        Status.NOT_YET,
+        f"no file at {', '.join(missing)} yet (check --log if it never appears); {reason}",
+    )
 
 
 def main(argv: Sequence[str]) -> int:
@@ -148,7 +189,7 @@ def main(argv: Sequence[str]) -> int:
     logs: list[Path] = args.log
     state_dir: Path = args.state_dir or logs[0].parent / ".probe"
     deadline = time.monotonic() + args.time_budget if args.time_budget > 0 else None
-    progress = [read_log(log, state_dir, deadline) for log in logs]
+    progress = _read_logs(logs, state_dir, deadline)
     verdict = evaluate(
         profile,
         tensor_parallel_size,
@@ -157,6 +198,7 @@ def main(argv: Sequence[str]) -> int:
         sum(p.total_bytes for p in progress),
         unread_bytes=sum(p.unread_bytes for p in progress),
     )
+    verdict = _name_missing(verdict, progress, logs)
     # A state that cannot be saved only makes the next invocation rescan; the verdict itself still stands.
     problems = [p.problem for p in progress if p.problem]
     print(verdict.message + (f" [{problems[0]}]" if problems else ""))

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Download the released upstream wheels, without their dependencies, into .tools/upstream/: vllm 0.33.0 (~336 MB),
+# lmcache 0.5.6 and vllm-router 0.1.17. The log-fixture generator (tests/fixtures/generate_logs.py) only reads their
+# source; 25-upstream-parsers.sh installs the vllm wheel for the conformance tests. Idempotent: a wheel already there
+# is not downloaded again.
+set -euo pipefail
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+dest="$repo_root/.tools/upstream"
+pip="$repo_root/.venv/bin/pip"
+mkdir -p "$dest"
+
+for pin in vllm==0.33.0 lmcache==0.5.6 vllm-router==0.1.17; do
+    name="${pin%%==*}"
+    version="${pin##*==}"
+    # Wheel file names spell the project with underscores (vllm_router-0.1.17-...whl).
+    if compgen -G "$dest/${name//-/_}-${version}-*.whl" >/dev/null; then
+        continue
+    fi
+    "$pip" download --quiet --no-deps --only-binary=:all: --dest "$dest" "$pin"
+    if ! compgen -G "$dest/${name//-/_}-${version}-*.whl" >/dev/null; then
+        echo "24-upstream-wheels.sh: pip download $pin left no ${name//-/_}-${version}-*.whl in $dest" >&2
+        exit 1
+    fi
+done
+echo "24-upstream-wheels.sh: vllm 0.33.0, lmcache 0.5.6 and vllm-router 0.1.17 wheels in $dest"
