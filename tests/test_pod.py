@@ -1,4 +1,5 @@
-"""The README's main job end to end: the CPU-mock pod on loopback, probed, validated, and stopped without leftovers.
+"""The README's main job end to end: the CPU pod (the real LMCache server + the engine stand-in) on loopback, probed,
+validated, and stopped without leftovers.
 
 Every process the pod starts inherits a marker in its environment, so "no process left behind" is checked by looking
 for that marker in /proc after the pod is gone, whatever became of the process tree. Synchronisation is by reading
@@ -8,6 +9,7 @@ the pod's own output lines and by polling with deadlines, never by sleeping.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -28,8 +30,10 @@ from glm53.pod import (
     RunningPod,
     exporter_highlights,
     free_ports,
+    lmcache_program,
     run_pod,
     running_pod,
+    totals,
     wait_ready,
 )
 from glm53.pod import wait_startup_probe as probe_until_ready
@@ -87,30 +91,64 @@ def test_exporter_highlights_keep_only_the_facts_an_operator_opens_first() -> No
     ]
 
 
+def test_lmcache_totals_sum_every_cache_salts_series() -> None:
+    exposition = "\n".join(
+        [
+            "# TYPE lmcache_mp_lookup_hit_tokens_total counter",
+            'lmcache_mp_lookup_hit_tokens_total{cache_salt="a",model_name="m"} 8064.0',
+            'lmcache_mp_lookup_hit_tokens_total{cache_salt="b",model_name="m"} 1152.0',
+            'lmcache_mp_lookup_hit_tokens_created{cache_salt="a",model_name="m"} 1.7e9',
+            'lmcache_mp_num_finished_stores_total{device="cpu"} 12.0',
+        ]
+    )
+    names = ("lmcache_mp_lookup_hit_tokens_total", "lmcache_mp_num_finished_stores_total")
+    assert totals(exposition, names) == [
+        "lmcache_mp_lookup_hit_tokens_total 9216 (sum of 2 series)",
+        "lmcache_mp_num_finished_stores_total 12 (sum of 1 series)",
+    ]
+
+
+def test_the_sidecar_is_the_real_lmcache_server_with_the_charts_flags(tmp_path: Path) -> None:
+    spec = PodSpec(get_profile("glm53-flash"), tmp_path, PodPorts(8000, 5555, 8080, 9400))
+    argv, env = spec.lmcache_command()
+    assert argv[:2] == [lmcache_program(), "server"]
+    assert argv[argv.index("--chunk-size") + 1] == "1152"
+    assert "--separate-object-groups" in argv and "--no-run-script-api-enabled" in argv
+    assert argv[argv.index("--shm-name") + 1] == f"glm53-pod-{os.getpid()}-5555"
+    assert env == {"LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1"}
+    assert spec.exporter_command()[spec.exporter_command().index("--lmcache-url") + 1] == "http://127.0.0.1:8080"
+
+
 def glm53_pod(*args: str) -> list[str]:
     return [sys.executable, "-m", "glm53", "pod", *args]
 
 
 def run_pod_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(glm53_pod(*args), capture_output=True, text=True, timeout=150, stdin=subprocess.DEVNULL)
+    return subprocess.run(glm53_pod(*args), capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
+
+
+def lmcache_total(stdout: str, name: str) -> float:
+    line = next(line for line in stdout.splitlines() if line.startswith(f"  {name} "))
+    return float(line.split()[1])
 
 
 @pytest.mark.parametrize(
-    ("profile", "generation", "hit"),
+    ("profile", "hit"),
     [
-        ("glm53-flash", "released", "LMCache hit 8064 of 8507 tokens"),  # seed 000: strict prefix at C = 1152
-        ("glm53-flash", "negotiating", "LMCache hit 8064 of 8507 tokens"),  # negotiated 256 -> 1152
-        ("glm53", "released", "LMCache hit 8448 of 8507 tokens"),  # whole 256-token chunks
-        ("glm53", "negotiating", "LMCache hit 8448 of 8507 tokens"),
+        ("glm53-flash", "LMCache hit 8064 of 8507 tokens"),  # seed 000: strict prefix at C = 1152
+        ("glm53", "LMCache hit 8448 of 8507 tokens"),  # whole 256-token chunks
     ],
 )
-def test_main_job_passes(profile: str, generation: str, hit: str, marker: str) -> None:
-    result = run_pod_cli("--profile", profile, "--generation", generation)
+def test_main_job_passes(profile: str, hit: str, marker: str) -> None:
+    result = run_pod_cli("--profile", profile)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "pod: startup probe Ready: ready: " in result.stdout
     assert hit in result.stdout
     assert "result: PASS (3 checks in " in result.stdout
-    assert result.stdout.splitlines()[-1].startswith("pod: PASS in ")
+    assert re.fullmatch(
+        r"pod: PASS in [\d.]+ s \(LMCache server start-up [\d.]+ s; all processes stopped\)",
+        result.stdout.splitlines()[-1],
+    )
     assert "Traceback" not in result.stderr
     # The exporter of the running pod shows the geometry facts and that LMCache served tokens.
     exporter = {
@@ -119,6 +157,10 @@ def test_main_job_passes(profile: str, generation: str, hit: str, marker: str) -
     assert exporter["glm53_geometry_matches_profile"] == 1.0
     assert exporter['glm53_probe_status{status="ready"}'] == 1.0
     assert exporter['glm53_prefix_cache_hit_tokens_total{scope="external"}'] > 0
+    # The real server counted the hits itself; every vLLM-side external hit is one of its lookup hits (or L-1 of one).
+    served = lmcache_total(result.stdout, "lmcache_mp_lookup_hit_tokens_total")
+    assert served >= exporter['glm53_prefix_cache_hit_tokens_total{scope="external"}'] > 0
+    assert lmcache_total(result.stdout, "lmcache_mp_lookup_requested_tokens_total") > served
     work = result.stdout.splitlines()[1].removeprefix("pod: work dir ")
     assert not Path(work).exists(), "a passing run without --workdir/--keep removes its temporary work dir"
 
@@ -135,13 +177,14 @@ def test_recovery_mismatch_fault_fails_with_a_strict_prefix_violation(tmp_path: 
     result = run_pod_cli("--fault", "recovery-mismatch", "--workdir", str(tmp_path))
     assert result.returncode == 1, result.stdout + result.stderr
     assert (
-        "  - strict-prefix violation: 2304 tokens served from LMCache for a 2304-token prompt; at most 1152 may be "
+        # the fault drops the L-1 lookup; the full-prompt rule still loads one token fewer (connector:1341-1346)
+        "  - strict-prefix violation: 2303 tokens served from LMCache for a 2304-token prompt; at most 1152 may be "
         "(the last prompt token must be recomputed) — the recovery mismatch of seed 004"
     ) in result.stdout.splitlines()
     assert result.stdout.splitlines()[-1].startswith("pod: FAIL in ")
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("signum", [signal.SIGTERM])  # SIGINT takes the same path (both raise KeyboardInterrupt)
 def test_interrupted_pod_leaves_no_process(signum: int, tmp_path: Path, marker: str) -> None:
     pod = subprocess.Popen(
         glm53_pod("--workdir", str(tmp_path)),
@@ -175,11 +218,11 @@ def spec_for(tmp_path: Path, *, dev_mode: bool = True, chunk_size_override: int 
 
 
 def test_port_already_taken_is_one_line_and_never_ready(tmp_path: Path, marker: str) -> None:
-    vllm, lmcache, http, metrics, exporter = free_ports(5)
+    vllm, lmcache, http, exporter = free_ports(4)
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", vllm))
         squatter.listen()
-        spec = PodSpec(get_profile("glm53-flash"), tmp_path, PodPorts(vllm, lmcache, http, metrics, exporter))
+        spec = PodSpec(get_profile("glm53-flash"), tmp_path, PodPorts(vllm, lmcache, http, exporter))
         with pytest.raises(Glm53Error) as caught:
             run_pod(spec, lambda _: None, SilentProgress())
     assert caught.value.exit_code == EXIT_NOT_READY
@@ -189,13 +232,13 @@ def test_port_already_taken_is_one_line_and_never_ready(tmp_path: Path, marker: 
     )
 
 
-def test_wrong_chunk_size_is_refused_by_the_startup_probe(tmp_path: Path, marker: str) -> None:
-    """Released LMCache 0.5.6 with the default 256 for GLM-5.3-Flash: the connector refuses it, the probe says so."""
+def test_wrong_chunk_size_is_refused_at_engine_start(tmp_path: Path, marker: str) -> None:
+    """Released LMCache 0.5.6 on the default 256 for GLM-5.3-Flash: the connector refuses it, the probe says so."""
     with pytest.raises(Glm53Error) as caught:
         run_pod(spec_for(tmp_path, chunk_size_override=256), lambda _: None, SilentProgress())
     assert caught.value.exit_code == EXIT_NOT_READY
-    assert caught.value.message.startswith("the startup probe failed: wrong: ")
-    assert "set --chunk-size 1152 on the LMCache server" in caught.value.message
+    assert "set --chunk-size 1152" in caught.value.message
+    assert "EngineCore failed to start" in (tmp_path / "vllm.log").read_text()
 
 
 @contextmanager
@@ -223,22 +266,20 @@ def test_dev_mode_off_is_one_line(tmp_path: Path, marker: str) -> None:
 
 
 def test_lmcache_killed_mid_run_fails_clearly_without_hanging(tmp_path: Path, marker: str) -> None:
+    """The sidecar dies: the next request fails within the engine's RPC deadline and the engine exits, naming it."""
     with started(spec_for(tmp_path)) as pod:
-        run = validate(pod, "--checks", "equivalence,boundary", "--runs", "4", "--timeout", "20")
+        run = validate(pod, "--checks", "equivalence,boundary", "--runs", "8", "--timeout", "30")
         assert run.stderr is not None
         for line in run.stderr:
-            if line.startswith("equivalence: cold run 1/4"):
+            if line.startswith("equivalence: cold run 1/8"):
                 os.killpg(pod.process("lmcache").process.pid, signal.SIGKILL)
                 break
-        stdout, _ = run.communicate(timeout=120)
-    assert run.returncode == 1, stdout
-    lines = stdout.splitlines()
-    assert "result: FAIL (2 checks in " in lines[-3]
-    assert lines[-2] == (
-        "  - 4 of 4 runs after the prefix-cache reset got no LMCache hit; the cache is not paying off (check the "
-        "connector's kv-transfer-config and the LMCache server)"
-    )
-    assert lines[-1] == (
-        "  - LMCache served nothing for any of the 7 prompts that span a whole 1152-token chunk; the cache is not "
-        "paying off (is the LMCache server up and the connector pointed at it?)"
-    )
+        stdout, stderr = run.communicate(timeout=120)
+        assert pod.process("vllm").process.wait(timeout=60) == 1
+        with pytest.raises(Glm53Error) as caught:
+            pod.check_running()
+    assert run.returncode != 0, stdout
+    assert "the LMCache MP server at 'tcp://127.0.0.1:" in stderr.splitlines()[-1]
+    assert caught.value.message.startswith("lmcache exited with status -9")
+    vllm_log = (tmp_path / "vllm.log").read_text().splitlines()
+    assert any(line.startswith("glm53 mock: error: the LMCache MP server at 'tcp://127.0.0.1:") for line in vllm_log)

@@ -1,10 +1,14 @@
-"""The CPU-mock pod on this machine: the README's main job, run the way Kubernetes would run the real pod.
+"""The CPU pod on this machine: the README's main job, run the way Kubernetes would run the real pod.
 
-Order and checks mirror the chart. The LMCache mock starts first under `glm53 supervise` and must answer
-`/healthcheck` (the native sidecar's startup probe) before the vLLM mock starts; `glm53 probe startup` is then run
+Order and checks mirror the chart. The real `lmcache server` (LMCache 0.5.6, the `pod` extra) starts first under
+`glm53 supervise` with the chart's sidecar flags (`glm53.sidecar`) and must answer `/healthcheck` (the native
+sidecar's startup probe) before the engine stand-in (`glm53 mock vllm`, which moves KV data with LMCache's own client)
+starts; `glm53 probe startup` is then run
 every second against both log files, like the kubelet's startup probe with a failure budget, until it reports Ready;
 then the readiness check (`/health`, `/v1/models`); then `glm53 validate`'s three checks; then the exporter container's
-`/metrics` is read, as an operator would `curl` it, to show the geometry facts and hit ratios; then everything stops.
+`/metrics` and the server's own `/metrics` (on its HTTP port: `lmcache server` opens no separate metrics listener)
+are read, as an operator would `curl` them, to show the geometry facts, hit ratios and the server's `lmcache_mp_*`
+counters; then everything stops.
 
 Every server runs in its own process group (a new session), so stopping is one signal per group — SIGTERM, then
 SIGKILL after a grace period — and reaches the supervisor and the server it runs alike. Stopping happens in a
@@ -16,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,7 +35,8 @@ from typing import TextIO
 
 from glm53.errors import EXIT_FAILURE, Glm53Error
 from glm53.probe import EXIT_NOT_YET, EXIT_READY
-from glm53.profiles import LMCACHE_DEFAULT_CHUNK_SIZE, ModelProfile
+from glm53.profiles import ModelProfile
+from glm53.sidecar import lmcache_server_command
 from glm53.validate.progress import Progress
 from glm53.validate.report import ValidationReport
 from glm53.validate.runner import ValidationConfig, run_validation
@@ -49,36 +55,46 @@ EXPORTER_HIGHLIGHTS = (
     "glm53_prefix_cache_hit_tokens_total",
     "glm53_strict_prefix_bound_achieved_ratio",
 )
+# The real server's own counters the main job shows (lmcache 0.5.6 lmcache_mp_* names, served on its HTTP port).
+LMCACHE_HIGHLIGHTS = (
+    "lmcache_mp_lookup_requested_tokens_total",
+    "lmcache_mp_lookup_hit_tokens_total",
+    "lmcache_mp_num_finished_stores_total",
+    "lmcache_mp_num_finished_retrieves_total",
+)
+# L1 size of the CPU pod's server: its pool lives in /dev/shm (`--shm-name`), so it costs no RSS until used.
+CPU_L1_SIZE_GB = 1.0
 
 
 @dataclass(frozen=True)
 class Timing:
     """How patient the pod is. The defaults keep the whole main job well under a minute on two cores."""
 
-    # Simulated model load of the vLLM mock: long enough that the probe sees "not yet" before "Ready".
+    # Simulated model load of the engine stand-in: long enough that the probe sees "not yet" before "Ready".
     load_seconds: float = 2.0
+    # How long the real LMCache server may take to answer /healthcheck (3-7 s measured; slower on a busy machine).
+    lmcache_deadline: float = 60.0
     # The kubelet's startupProbe: periodSeconds and failureThreshold.
     probe_period: float = 1.0
     probe_failure_threshold: int = 30
     # How long LMCache's /healthcheck and vLLM's readiness may take once their process is up.
     http_deadline: float = 20.0
-    # terminationGracePeriodSeconds: SIGTERM, then SIGKILL after this long.
-    grace_seconds: float = 5.0
+    # terminationGracePeriodSeconds: SIGTERM, then SIGKILL after this long (the real server needs ~5 s to stop).
+    grace_seconds: float = 15.0
 
 
 @dataclass(frozen=True)
 class PodPorts:
-    """The pod's loopback ports (8000, 5555, 8080, 9090 in Kubernetes; free ones here, so runs never collide)."""
+    """The pod's loopback ports (8000, 5555, 8080, 9400 in Kubernetes; free ones here, so runs never collide)."""
 
     vllm: int
     lmcache: int
     lmcache_http: int
-    lmcache_metrics: int
     exporter: int
 
     @classmethod
     def free(cls) -> PodPorts:
-        return cls(*free_ports(5))
+        return cls(*free_ports(4))
 
 
 def free_ports(count: int) -> list[int]:
@@ -95,10 +111,9 @@ class PodSpec:
     profile: ModelProfile
     workdir: Path
     ports: PodPorts
-    generation: str = "released"
     fault: str | None = None
     timing: Timing = field(default_factory=Timing)
-    # A chunk size other than the one the generation implies (the wrong-chunk-size path: the probe must refuse it).
+    # A chunk size other than the profile's (the wrong-chunk-size path: the engine must refuse it at start-up).
     chunk_size_override: int | None = None
     # Validation needs vLLM's dev-mode endpoints; False starts vLLM as production would (no /reset_prefix_cache).
     dev_mode: bool = True
@@ -108,41 +123,39 @@ class PodSpec:
         return self.profile.tensor_parallel_size
 
     @property
-    def lmcache_chunk_size(self) -> int | None:
-        """The --chunk-size given to LMCache: explicit for the released 0.5.6 (it cannot negotiate), else the default.
-
-        A negotiating server is left at its default minimum, as seed 000 recommends, and rounds it up itself.
-        """
-        if self.chunk_size_override is not None:
-            return self.chunk_size_override
-        if self.generation == "released" or self.profile.recommended_chunk_size == LMCACHE_DEFAULT_CHUNK_SIZE:
-            return self.profile.recommended_chunk_size
-        return None
+    def lmcache_chunk_size(self) -> int:
+        """The --chunk-size given to LMCache: always explicit, since the released 0.5.6 cannot negotiate it."""
+        return self.chunk_size_override or self.profile.recommended_chunk_size
 
     @property
     def vllm_url(self) -> str:
         return f"http://{LOCALHOST}:{self.ports.vllm}"
 
-    @property
-    def lmcache_health_url(self) -> str:
-        return f"http://{LOCALHOST}:{self.ports.lmcache_http}/healthcheck"
-
     def log(self, name: str) -> Path:
         return self.workdir / name
 
-    def lmcache_command(self) -> list[str]:
-        chunk = [] if self.lmcache_chunk_size is None else ["--chunk-size", str(self.lmcache_chunk_size)]
-        groups = ["--separate-object-groups"] if self.profile.separate_object_groups_required else []
-        return [
-            *_glm53("mock", "lmcache"),
-            *("--host", LOCALHOST, "--port", str(self.ports.lmcache)),
-            *chunk,
-            *groups,
-            *("--l1-size-gb", "1", "--eviction-policy", "LRU"),
-            *("--http-host", LOCALHOST, "--http-port", str(self.ports.lmcache_http)),
-            *("--prometheus-port", str(self.ports.lmcache_metrics)),
-            *("--generation", self.generation),
-        ]
+    @property
+    def lmcache_url(self) -> str:
+        """The server's HTTP front: /healthcheck and /metrics."""
+        return f"http://{LOCALHOST}:{self.ports.lmcache_http}"
+
+    @property
+    def lmcache_shm_name(self) -> str:
+        """The L1 pool's /dev/shm segment: unique per pod, since two servers must never share one."""
+        return f"glm53-pod-{os.getpid()}-{self.ports.lmcache}"
+
+    def lmcache_command(self) -> tuple[list[str], dict[str, str]]:
+        """The real `lmcache server` from this interpreter's environment, with the chart's flags; argv and env."""
+        command = lmcache_server_command(
+            (lmcache_program(), "server"),
+            port=self.ports.lmcache,
+            http_port=self.ports.lmcache_http,
+            chunk_size=self.lmcache_chunk_size,
+            separate_object_groups=self.profile.separate_object_groups_required,
+            l1_size_gb=CPU_L1_SIZE_GB,
+            shm_name=self.lmcache_shm_name,
+        )
+        return list(command.argv), command.env
 
     def vllm_command(self) -> list[str]:
         transfer = {
@@ -161,6 +174,7 @@ class PodSpec:
             *_glm53("mock", "vllm", self.profile.model_id),
             *("--profile", self.profile.name, "--host", LOCALHOST, "--port", str(self.ports.vllm)),
             *("--tensor-parallel-size", str(self.tensor_parallel_size), "--enable-prefix-caching"),
+            "--enable-prompt-tokens-details",  # validation reads usage.prompt_tokens_details.cached_tokens
             *("--kv-transfer-config", json.dumps(transfer)),
             *text_only,
             *extras,
@@ -174,10 +188,9 @@ class PodSpec:
 
     def _log_facts_args(self) -> list[str]:
         """What the probe and the exporter both need to judge the logs: profile, TP size, chunk size, log files."""
-        chunk = [] if self.lmcache_chunk_size is None else ["--chunk-size", str(self.lmcache_chunk_size)]
         return [
             *("--profile", self.profile.name, "--tensor-parallel-size", str(self.tensor_parallel_size)),
-            *chunk,
+            *("--chunk-size", str(self.lmcache_chunk_size)),
             *(part for name in LOG_NAMES for part in ("--log", str(self.log(name)))),
         ]
 
@@ -188,7 +201,7 @@ class PodSpec:
         return [
             *_glm53("exporter"),
             *self._log_facts_args(),
-            *("--vllm-url", self.vllm_url, "--lmcache-url", f"http://{LOCALHOST}:{self.ports.lmcache_metrics}"),
+            *("--vllm-url", self.vllm_url, "--lmcache-url", self.lmcache_url),
             *("--host", LOCALHOST, "--port", str(self.ports.exporter)),
         ]
 
@@ -196,6 +209,18 @@ class PodSpec:
 def _glm53(*args: str) -> list[str]:
     """This very toolkit, run by this interpreter (works from a venv without the console script on PATH)."""
     return [sys.executable, "-m", "glm53", *args]
+
+
+def lmcache_program() -> str:
+    """The `lmcache` console script of this interpreter's environment (the `pod` extra), else the one on PATH."""
+    beside = Path(sys.executable).with_name("lmcache")
+    found = str(beside) if beside.is_file() else shutil.which("lmcache")
+    if found is None:
+        raise Glm53Error(
+            "the CPU pod runs the real LMCache server, but `lmcache` is not installed; install the pod extra: "
+            "pip install -e '.[pod]' (or run `bash scripts/bootstrap.sh dev`)"
+        )
+    return found
 
 
 class Supervised:
@@ -244,6 +269,7 @@ class Supervised:
 class RunningPod:
     spec: PodSpec
     processes: list[Supervised] = field(default_factory=list)
+    lmcache_startup_seconds: float = 0.0
 
     def check_running(self, exit_code: int = EXIT_NOT_READY) -> None:
         """Fail when a server has exited; before validation that means the pod never became Ready."""
@@ -271,24 +297,37 @@ def prepare_workdir(workdir: Path) -> None:
 
 @contextlib.contextmanager
 def running_pod(spec: PodSpec, say: Callable[[str], None]) -> Iterator[RunningPod]:
-    """Start LMCache, wait for its healthcheck, start vLLM; on leaving, stop both whatever happened."""
+    """Start the LMCache server, wait for its healthcheck, start the engine; on leaving, stop all whatever happened."""
     prepare_workdir(spec.workdir)
     pod = RunningPod(spec)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     try:
-        lmcache = Supervised("lmcache", spec.log("lmcache.log"), spec.lmcache_command(), env)
+        argv, sidecar_env = spec.lmcache_command()
+        started = time.monotonic()
+        lmcache = Supervised("lmcache", spec.log("lmcache.log"), argv, {**env, **sidecar_env})
         pod.processes.append(lmcache)
-        poll_until(lambda: _http_ok(spec.lmcache_health_url), spec.timing.http_deadline, pod, "LMCache /healthcheck")
-        say(f"pod: LMCache {spec.generation} answering {spec.lmcache_health_url} (ZMQ on port {spec.ports.lmcache})")
-        vllm_env = {**env, "VLLM_SERVER_DEV_MODE": "1"} if spec.dev_mode else env
+        health = f"{spec.lmcache_url}/healthcheck"
+        poll_until(lambda: _http_ok(health), spec.timing.lmcache_deadline, pod, "the LMCache server's /healthcheck")
+        pod.lmcache_startup_seconds = time.monotonic() - started
+        say(
+            f"pod: LMCache 0.5.6 server healthy after {pod.lmcache_startup_seconds:.1f} s at {health} "
+            f"(ZMQ on port {spec.ports.lmcache}, chunk size {spec.lmcache_chunk_size})"
+        )
+        # vLLM's telemetry opt-outs, as the chart sets them; dev mode for /reset_prefix_cache (validation needs it).
+        vllm_env = {**env, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+        if spec.dev_mode:
+            vllm_env["VLLM_SERVER_DEV_MODE"] = "1"
         pod.processes.append(Supervised("vllm", spec.log("vllm.log"), spec.vllm_command(), vllm_env))
         pod.processes.append(Supervised("exporter", spec.log(EXPORTER_LOG), spec.exporter_command(), env))
         yield pod
     finally:
         previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
-            for process in reversed(pod.processes):  # vLLM first, then its sidecar, as Kubernetes stops a pod
+            for process in reversed(pod.processes):  # the engine first, then its sidecar, as Kubernetes stops a pod
                 process.stop(spec.timing.grace_seconds)
+            # A server that had to be killed leaves its pool behind (lmcache 0.5.6 v1/multiprocess/engine_context.py:
+            # 343-344 names it lmcache_l1_pool_<--shm-name>); a pod's memory-backed /dev/shm dies with the pod.
+            Path("/dev/shm", f"lmcache_l1_pool_{spec.lmcache_shm_name}").unlink(missing_ok=True)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -371,26 +410,42 @@ def say_to(stream: TextIO) -> Callable[[str], None]:
     return say
 
 
+def highlights(exposition: str, names: tuple[str, ...]) -> list[str]:
+    """The sample lines of the named series, in exposition order (comments, `_created` and others dropped)."""
+    return [line for line in exposition.splitlines() if line.startswith(names) and "_created" not in line]
+
+
 def exporter_highlights(exposition: str) -> list[str]:
-    """The sample lines of the highlighted exporter series, in exposition order (comments and others dropped)."""
-    return [line for line in exposition.splitlines() if line.startswith(EXPORTER_HIGHLIGHTS)]
+    return highlights(exposition, EXPORTER_HIGHLIGHTS)
 
 
-def scrape_exporter(pod: RunningPod) -> list[str]:
-    """What `curl` on the exporter shows an operator, trimmed to the highlights."""
-    url = pod.spec.exporter_url
-    poll_until(lambda: _http_ok(url), pod.spec.timing.http_deadline, pod, f"the exporter ({url})")
+def totals(exposition: str, names: tuple[str, ...]) -> list[str]:
+    """One line per named series: its samples summed over every label set (the server labels each cache_salt)."""
+    sums: dict[str, tuple[float, int]] = {}
+    for line in highlights(exposition, names):
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in names:
+            total, count = sums.get(name, (0.0, 0))
+            sums[name] = (total + float(line.rsplit(" ", 1)[1]), count + 1)
+    return [f"{name} {sums[name][0]:g} (sum of {sums[name][1]} series)" for name in names if name in sums]
+
+
+def scrape(pod: RunningPod, url: str, log: Path) -> str:
+    """What `curl` on a metrics endpoint shows an operator."""
+    poll_until(lambda: _http_ok(url), pod.spec.timing.http_deadline, pod, url)
     try:
         with urllib.request.urlopen(url, timeout=10.0) as response:
-            return exporter_highlights(response.read().decode("utf-8", errors="replace"))
+            return str(response.read().decode("utf-8", errors="replace"))
     except OSError as error:
-        raise Glm53Error(f"the exporter at {url} did not answer ({error}); see {pod.spec.log(EXPORTER_LOG)}") from None
+        raise Glm53Error(f"{url} did not answer ({error}); see {log}") from None
 
 
 @dataclass(frozen=True)
 class PodOutcome:
     report: ValidationReport
     exporter_lines: list[str]
+    lmcache_lines: list[str]  # the real server's lmcache_mp_* counters after validation, summed over cache salts
+    lmcache_startup_seconds: float  # spawn to /healthcheck answering
     seconds: float  # start to all processes stopped
 
 
@@ -402,15 +457,15 @@ def run_pod(spec: PodSpec, say: Callable[[str], None], progress: Progress) -> Po
         say(f"pod: startup probe Ready: {probe_line}")
         wait_ready(pod)
         say(f"pod: vLLM ready at {spec.vllm_url}; validating (equivalence, boundary, perf)")
-        config = ValidationConfig(spec.vllm_url, spec.profile, chunk_size=spec.profile.recommended_chunk_size)
+        config = ValidationConfig(spec.vllm_url, spec.profile, chunk_size=spec.lmcache_chunk_size)
         try:
             report = run_validation(config, progress)
         except Glm53Error as error:
             pod.check_running(EXIT_FAILURE)  # a dead server explains the failure better than the request that noticed
             raise Glm53Error(f"validation could not complete: {error.message}", EXIT_FAILURE) from None
-        for process in pod.processes:
-            if process.process.poll() is not None:  # e.g. LMCache died: vLLM degrades to misses, validation fails
-                status = process.process.returncode
-                say(f"pod: {process.name} exited with status {status} during validation; see {process.log}")
-        exporter_lines = scrape_exporter(pod)
-    return PodOutcome(report, exporter_lines, time.perf_counter() - start)
+        pod.check_running(EXIT_FAILURE)
+        exporter_lines = exporter_highlights(scrape(pod, spec.exporter_url, spec.log(EXPORTER_LOG)))
+        lmcache_metrics = scrape(pod, f"{spec.lmcache_url}/metrics", spec.log("lmcache.log"))
+        lmcache_lines = totals(lmcache_metrics, LMCACHE_HIGHLIGHTS)
+        startup = pod.lmcache_startup_seconds
+    return PodOutcome(report, exporter_lines, lmcache_lines, startup, time.perf_counter() - start)

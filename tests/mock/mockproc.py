@@ -1,4 +1,4 @@
-"""Start the mock servers as real processes on loopback and watch their logs, with deadlines instead of sleeps."""
+"""Start the real LMCache server and the engine stand-in as processes on loopback; deadlines instead of sleeps."""
 
 from __future__ import annotations
 
@@ -11,17 +11,21 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from glm53.logparse import Record, parse_line
+from glm53.pod import lmcache_program
+from glm53.sidecar import lmcache_server_command
 
-DEADLINE = 20.0
+DEADLINE = 30.0
+SERVER_DEADLINE = 90.0  # the real server is ready in 3-7 s alone, much slower on a busy 2-core machine
 FLASH_MODEL = "zai-org/GLM-5.3-Flash"
 GLM53_MODEL = "zai-org/GLM-5.3"
+DEV_MODE = {"VLLM_SERVER_DEV_MODE": "1"}
 
 
 def free_port() -> int:
@@ -30,17 +34,19 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class MockProcess:
-    """One `glm53 ...` child with stdout+stderr captured to a file."""
+class Process:
+    """One child with stdout+stderr captured to a file, alone in its process group."""
 
-    def __init__(self, args: Sequence[str], log: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, argv: Sequence[str], log: Path, env: dict[str, str] | None = None) -> None:
         self.log = log
         self._out = open(log, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "glm53", *args],
+            list(argv),
             stdout=self._out,
             stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             env={**os.environ, **(env or {})},
+            start_new_session=True,
         )
 
     def text(self) -> str:
@@ -48,9 +54,6 @@ class MockProcess:
 
     def lines(self) -> list[str]:
         return self.text().splitlines()
-
-    def records(self) -> list[Record]:
-        return [r for r in map(parse_line, self.lines()) if r is not None]
 
     def wait_for(self, needle: str, deadline: float = DEADLINE) -> str:
         """The first log line containing `needle`; fails (with the log) if the process exits or time runs out."""
@@ -61,55 +64,79 @@ class MockProcess:
                     return line
             if self.proc.poll() is not None:
                 break
-            time.sleep(0.02)
-        raise AssertionError(f"no line with {needle!r} (exit {self.proc.poll()}); log:\n{self.text()}")
+            time.sleep(0.05)
+        raise AssertionError(f"no line with {needle!r} (exit {self.proc.poll()}); log:\n{self.text()[-4000:]}")
 
     def wait_exit(self, deadline: float = DEADLINE) -> int:
         return self.proc.wait(timeout=deadline)
 
-    def stop(self) -> int:
+    def stop(self, grace: float = DEADLINE) -> int:
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            os.killpg(self.proc.pid, signal.SIGTERM)
         try:
-            return self.proc.wait(timeout=DEADLINE)
+            return self.proc.wait(timeout=grace)
         finally:
             if self.proc.poll() is None:
-                self.proc.kill()
+                os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
             self._out.close()
 
 
+def glm53(*args: str) -> list[str]:
+    return [sys.executable, "-m", "glm53", *args]
+
+
+@dataclass
+class Server:
+    """A running real `lmcache server`: its request port and its HTTP front."""
+
+    process: Process
+    port: int
+    http_url: str
+
+    def metrics(self) -> str:
+        status, text = http(f"{self.http_url}/metrics")
+        assert status == 200
+        return str(text)
+
+
 @contextmanager
-def running(args: Sequence[str], log: Path, env: dict[str, str] | None = None) -> Iterator[MockProcess]:
-    process = MockProcess(args, log, env)
+def lmcache_server(tmp_path: Path, chunk_size: int, separate_object_groups: bool) -> Iterator[Server]:
+    """The real server with the chart's flags (glm53.sidecar), healthy; stopped (and its SHM pool freed) on exit."""
+    port, http_port = free_port(), free_port()
+    command = lmcache_server_command(
+        (lmcache_program(), "server"),
+        port=port,
+        http_port=http_port,
+        chunk_size=chunk_size,
+        separate_object_groups=separate_object_groups,
+        l1_size_gb=1,
+        shm_name=f"glm53-test-{os.getpid()}-{uuid.uuid4().hex[:8]}",
+    )
+    process = Process(command.argv, tmp_path / f"lmcache-{port}.log", command.env)
+    server = Server(process, port, f"http://127.0.0.1:{http_port}")
     try:
-        yield process
+        poll(lambda: http(f"{server.http_url}/healthcheck")[0] == 200, "the LMCache /healthcheck", SERVER_DEADLINE)
+        yield server
     finally:
         process.stop()
 
 
-def lmcache_args(port: int, http_port: int, prometheus_port: int, *extra: str) -> list[str]:
-    return [
-        "mock", "lmcache", "--port", str(port), "--http-port", str(http_port),
-        "--prometheus-port", str(prometheus_port), *extra,
-    ]  # fmt: skip
-
-
 def connector_json(port: int, **extra: object) -> str:
     """The connector config the chart passes, with a short timeout so a dead LMCache costs seconds, not minutes."""
-    config = {"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": port, "lmcache.mp.mq_timeout": 2.0, **extra}
+    config = {"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": port, "lmcache.mp.mq_timeout": 20.0, **extra}
     return json.dumps({"kv_connector": "LMCacheMPConnector", "kv_role": "kv_both", "kv_connector_extra_config": config})
 
 
 def vllm_args(model: str, profile: str, tp: int, port: int, lmcache_port: int, *extra: str) -> list[str]:
-    return [
+    return glm53(
         "mock", "vllm", model, "--profile", profile, "--tensor-parallel-size", str(tp), "--port", str(port),
         "--enable-prefix-caching", "--kv-transfer-config", connector_json(lmcache_port), "--load-seconds", "0.2",
         *extra,
-    ]  # fmt: skip
+    )  # fmt: skip
 
 
-def http(url: str, body: object | None = None, timeout: float = 10.0) -> tuple[int, Any]:
+def http(url: str, body: object | None = None, timeout: float = 30.0) -> tuple[int, Any]:
     """(status, parsed JSON or text) for a GET, or a POST when `body` is given; HTTP errors are returned, not raised."""
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
@@ -118,6 +145,8 @@ def http(url: str, body: object | None = None, timeout: float = 10.0) -> tuple[i
             status, raw = response.status, response.read()
     except urllib.error.HTTPError as error:
         status, raw = error.code, error.read()
+    except OSError:
+        return 0, None
     try:
         return status, json.loads(raw) if raw else None
     except json.JSONDecodeError:
@@ -129,46 +158,35 @@ def poll(check: Callable[[], bool], what: str, deadline: float = DEADLINE) -> No
     while time.monotonic() < end:
         if check():
             return
-        time.sleep(0.02)
+        time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
 
 
 def metric(text: str, name: str) -> float:
-    """The sum of every sample of `name` in a Prometheus text exposition."""
-    total, found = 0.0, False
+    """The sum of every sample of `name` in a Prometheus text exposition (0 when none is exposed yet)."""
+    total = 0.0
     for line in text.splitlines():
         if line.startswith(name + "{") or line.startswith(name + " "):
             total += float(line.rsplit(" ", 1)[1])
-            found = True
-    assert found, f"metric {name} not exposed"
     return total
 
 
 @dataclass
-class Pair:
-    """A ready mock LMCache + mock vLLM pair."""
+class Engine:
+    """A ready engine stand-in and its base URL."""
 
-    lmcache: MockProcess
-    vllm: MockProcess
+    process: Process
     base_url: str
-    lmcache_metrics_url: str
 
 
-def start_lmcache(tmp_path: Path, *extra: str, name: str = "lmcache") -> tuple[MockProcess, int, int, int]:
-    """A mock LMCache server that has logged its listeners; (process, port, http port, prometheus port)."""
-    port, http_port, prometheus_port = free_port(), free_port(), free_port()
-    process = MockProcess(lmcache_args(port, http_port, prometheus_port, *extra), tmp_path / f"{name}.log")
-    process.wait_for("LMCache MP server listening on")
-    return process, port, http_port, prometheus_port
-
-
-class PairFactory(Protocol):
-    def __call__(
-        self,
-        model: str,
-        profile: str,
-        tp: int,
-        lmcache_flags: Sequence[str],
-        vllm_flags: Sequence[str] = (),
-        env: dict[str, str] | None = None,
-    ) -> Pair: ...
+@contextmanager
+def engine(
+    tmp_path: Path, model: str, profile: str, tp: int, server_port: int, *extra: str, name: str = "vllm"
+) -> Iterator[Engine]:
+    port = free_port()
+    process = Process(vllm_args(model, profile, tp, port, server_port, *extra), tmp_path / f"{name}.log", DEV_MODE)
+    try:
+        process.wait_for("Starting vLLM server on", DEADLINE * 2)
+        yield Engine(process, f"http://127.0.0.1:{port}")
+    finally:
+        process.stop()

@@ -1,87 +1,112 @@
-"""The mocks' pure parts: handshake of both LMCache generations, the L1 store's policies, keys, the model, the API."""
+"""The engine stand-in's pure parts: the connector's vLLM-side rules, the log format, caches, the model, the API."""
 
 from __future__ import annotations
 
+import logging
 import statistics
 
 import pytest
 
 from glm53.errors import Glm53Error
-from glm53.mock import model, openai_api, protocol
-from glm53.mock.connector import parse_connector_config
-from glm53.mock.engine import RECOVERY_MISMATCH, external_lookup_limit
-from glm53.mock.handshake import handshake
-from glm53.mock.store import ChunkStore, StoreResult
-from glm53.mock.vllm_server import engine_groups, unified_block_size
+from glm53.mock import model, openai_api
+from glm53.mock.connector import KVEventsConfig, parse_connector_config, parse_kv_events_config
+from glm53.mock.engine import Outcome, lookup_tokens, tokens_to_load
+from glm53.mock.local_cache import LocalPrefixCache, block_hashes
+from glm53.mock.logs import VllmFormatter
+from glm53.mock.vllm_server import chunk_misfit, engine_groups, unified_block_size
 from glm53.profiles import get_profile
+from glm53.sidecar import lmcache_server_command
 from glm53.validate.prompts import document_qa_prompt
 
-FLASH_GROUPS = [1152, 1152, 1152, 1152, 1152, 0]
+FLASH_GROUPS = (1152, 1152, 1152, 1152, 1152, 0)
 
 
-def test_released_refuses_a_chunk_size_that_does_not_fit_with_the_0_5_6_text() -> None:
-    result = handshake("released", 256, FLASH_GROUPS)
-    assert not result.accepted
-    assert result.error == "LMCache chunk size 256 must be a multiple of engine group 0 tokens_per_block 1152"
+@pytest.mark.parametrize(
+    ("prompt", "reserve", "chunk", "lmcache_hit", "loaded"),
+    [
+        (8507, True, 1152, 8064, 8064),  # seed 000: GLM-5.3-Flash, strict prefix
+        (2304, True, 1152, 1152, 1152),  # L = 2C: L-1 looked up, one chunk
+        (256, False, 256, 256, 255),  # GLM-5.3 full-prompt hit: one token fewer (connector:1341-1346)
+        (512, False, 256, 512, 511),
+        (768, False, 256, 768, 767),
+        (8507, False, 256, 8448, 8448),
+        (5040, False, 256, 4864, 4864),
+    ],
+)
+def test_the_connectors_vllm_side_rules_give_the_seeds_numbers(
+    prompt: int, reserve: bool, chunk: int, lmcache_hit: int, loaded: int
+) -> None:
+    # The server answers whole chunks of what was looked up; the stand-in asks for lookup_tokens.
+    assert lookup_tokens(prompt, reserve) // chunk * chunk == lmcache_hit
+    assert tokens_to_load(lmcache_hit, 0, prompt) == loaded
 
 
-def test_released_keeps_a_fitting_chunk_size_and_ignores_scratch_groups() -> None:
-    assert handshake("released", 1152, FLASH_GROUPS) == handshake("released", 1152, [1152])
-    assert handshake("released", 1152, FLASH_GROUPS).chunk_size == 1152
+def test_tokens_to_load_subtracts_what_vllm_computed_itself() -> None:
+    assert tokens_to_load(2304, 1152, 3000) == 1152
+    assert tokens_to_load(2304, 2304, 2304) == 0  # nothing left to load; never negative
+    assert tokens_to_load(0, 0, 100) == 0
 
 
-def test_negotiating_rounds_the_minimum_up_to_the_alignment() -> None:
-    assert handshake("negotiating", 256, FLASH_GROUPS).chunk_size == 1152
-    assert handshake("negotiating", 256, [64]).chunk_size == 256  # unchanged: no Negotiated line
-    assert handshake("negotiating", 1200, FLASH_GROUPS).chunk_size == 2304
+def test_chunk_misfit_names_the_first_group_like_the_0_5_6_connector() -> None:
+    message = "LMCache chunk size 256 must be a multiple of group 0 tokens_per_block 1152"
+    assert chunk_misfit(256, FLASH_GROUPS) == message
+    assert chunk_misfit(1152, FLASH_GROUPS) is None  # the scratch group (0) never constrains
+    assert chunk_misfit(256, (64,)) is None
 
 
 def test_unified_block_size_is_measured_at_tp4_and_scaled_elsewhere() -> None:
     flash = get_profile("glm53-flash")
     assert unified_block_size(flash, 4) == 1152
-    assert unified_block_size(flash, 8) == 2304
-    assert engine_groups(flash, 4) == tuple(FLASH_GROUPS)
+    assert engine_groups(flash, 4) == FLASH_GROUPS
     assert engine_groups(get_profile("glm53"), 8) == (64,)
 
 
-def test_lru_evicts_the_least_recently_used_chunk() -> None:
-    store = ChunkStore(capacity_bytes=30, policy="LRU")
-    assert store.put("", ["a", "b", "c"], 10).written == 3
-    assert store.longest_prefix(["a"]) == 1  # a is now the most recently used
-    result = store.put("", ["d"], 10)
-    assert (result.written, result.evicted) == (1, 1)
-    assert "b" not in store and "a" in store
-    assert store.used_bytes == 30
+def test_vllm_formatter_repeats_the_prefix_on_every_line() -> None:
+    record = logging.LogRecord("vllm", logging.ERROR, "core.py", 1584, "first\nsecond", None, None)
+    record.created = 0.0
+    record.process = 7
+    record.vllm_process_name = "EngineCore_DP0"
+    lines = VllmFormatter().format(record).split("\r\n")
+    assert [line.split("] ", 1)[1] for line in lines] == ["first", "second"]
+    assert {line.split(" ", 3)[:2] == ["(EngineCore_DP0", "pid=7)"] for line in lines} == {True}
+    assert all(" ERROR " in line and "[core.py:1584]" in line for line in lines)
 
 
-def test_isolated_lru_only_evicts_the_writers_own_chunks() -> None:
-    store = ChunkStore(capacity_bytes=20, policy="IsolatedLRU")
-    store.put("tenant-a", ["a1"], 10)
-    store.put("tenant-b", ["b1"], 10)
-    assert store.put("tenant-c", ["c1"], 10).dropped == 1  # nothing of its own to evict
-    assert store.put("tenant-a", ["a2"], 10).evicted == 1
-    assert "b1" in store and "a2" in store and "a1" not in store
-
-
-def test_noop_never_evicts_and_drops_what_does_not_fit() -> None:
-    store = ChunkStore(capacity_bytes=10, policy="noop")
-    assert store.put("", ["a", "b"], 10) == StoreResult(written=1, evicted=0, dropped=1)
-    assert store.clear() == 1 and store.used_bytes == 0
-
-
-def test_prefix_keys_name_whole_prefixes_and_depend_on_the_salt() -> None:
+def test_local_cache_keys_whole_prefixes_per_salt_and_evicts_least_recently_used() -> None:
     tokens = list(range(10))
-    keys = protocol.prefix_keys("", tokens, 4)
-    assert len(keys) == 2
-    assert protocol.prefix_keys("", [*tokens[:8], 99], 4) == keys
-    assert protocol.prefix_keys("", tokens, 4, limit=7) == keys[:1]
-    assert protocol.prefix_keys("salt", tokens, 4)[0] != keys[0]
+    assert len(block_hashes("a", tokens, 4)) == 2
+    assert block_hashes("a", tokens, 4) != block_hashes("b", tokens, 4)
+    assert block_hashes("a", tokens, 4, limit=7) == block_hashes("a", tokens, 4)[:1]
+    cache = LocalPrefixCache(capacity=2)
+    cache.put(["x", "y"])
+    assert cache.longest_prefix(["x", "y", "z"]) == 2
+    cache.put(["z"])  # y was used after x, so x goes
+    assert cache.longest_prefix(["x"]) == 0 and cache.longest_prefix(["y", "z"]) == 2
 
 
-def test_strict_prefix_lookup_reserves_the_last_token_unless_the_fault_is_injected() -> None:
-    assert external_lookup_limit(8507, strict_prefix=True, fault=None) == 8506
-    assert external_lookup_limit(2304, strict_prefix=True, fault=RECOVERY_MISMATCH) == 2304
-    assert external_lookup_limit(5040, strict_prefix=False, fault=None) == 5040
+def test_sidecar_command_is_the_charts_with_telemetry_off() -> None:
+    command = lmcache_server_command(
+        ("lmcache", "server"),
+        port=5555,
+        http_port=8080,
+        chunk_size=1152,
+        separate_object_groups=True,
+        l1_size_gb=100,
+        shm_name="pool",
+    )
+    assert command.argv == (
+        *("lmcache", "server", "--host", "127.0.0.1", "--port", "5555", "--chunk-size", "1152"),
+        *("--separate-object-groups", "--l1-size-gb", "100", "--eviction-policy", "LRU"),
+        *("--http-host", "127.0.0.1", "--http-port", "8080", "--no-run-script-api-enabled", "--shm-name", "pool"),
+    )
+    assert command.env == {"LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1"}
+
+
+def test_usage_reports_cached_tokens_only_with_prompt_tokens_details() -> None:
+    generation = model.generate([1, 2], 1, 0, 0)
+    outcome = Outcome(generation, 300, 64, 192, 0.01)
+    assert openai_api.usage(outcome, True)["prompt_tokens_details"] == {"cached_tokens": 256}
+    assert openai_api.usage(outcome, False)["prompt_tokens_details"] is None
 
 
 def test_first_token_logprobs_are_noisy_around_the_seed_value_and_reproducible() -> None:
@@ -130,6 +155,8 @@ def test_connector_config_errors_are_one_line(text: str, message: str) -> None:
         ({"prompt": "hi", "max_tokens": 0}, 400, "max_tokens must be an integer >= 1"),
         ({"prompt": "hi", "logprobs": 9}, 400, "logprobs must be an integer >= 0 and <= 5"),
         ({"prompt": "hi", "cache_salt": 1}, 400, "cache_salt must be a string"),
+        ({"prompt": "hi", "cache_salt": "a@b"}, 400, "cache_salt must be at most 128 characters without '@'"),
+        ({"prompt": "hi", "cache_salt": "x" * 129}, 400, "cache_salt must be at most 128 characters"),
         ({"prompt": list(range(40))}, 400, "maximum context length is 50 tokens"),
     ],
 )
@@ -167,3 +194,12 @@ def test_bit_exact_profiles_get_no_noise() -> None:
     tokens = [5, 6, 7]
     values = {model.generate(tokens, 1, seed=3, counter=i, noise_sd=0.0).logprobs[0] for i in range(50)}
     assert len(values) == 1
+
+
+def test_kv_events_config_follows_vllms_defaults() -> None:
+    """vllm/config/kv_events.py:14-47: publisher defaults to zmq when enabled, endpoint tcp://*:5557, topic ""."""
+    assert parse_kv_events_config('{"enable_kv_cache_events":true}') == KVEventsConfig("tcp://*:5557", "", 100_000)
+    assert parse_kv_events_config('{"enable_kv_cache_events":false,"publisher":"zmq"}') is None
+    assert parse_kv_events_config('{"enable_kv_cache_events":true,"publisher":"null"}') is None
+    with pytest.raises(Glm53Error, match="publisher must be 'zmq' or 'null', got 'kafka'"):
+        parse_kv_events_config('{"enable_kv_cache_events":true,"publisher":"kafka"}')

@@ -1,321 +1,242 @@
-"""`glm53 mock vllm` with `glm53 mock lmcache` as real processes: start-up lines, handshake failures, cache hits."""
+"""`glm53 mock vllm` against the REAL `lmcache server`: start-up lines, chunk misfit, hits counted by the server.
+
+The expected numbers are the seeds' and the 0.5.6 connector's: GLM-5.3-Flash at C = 1152 serves 8064 of an 8507-token
+prompt (strict prefix, L-1 looked up); GLM-5.3 at C = 256 serves 255 of 256 (full-prompt hit: one token fewer).
+"""
 
 from __future__ import annotations
 
-import json
-import socket
-import statistics
-import urllib.request
-from collections.abc import Iterator, Sequence
+import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from mockproc import (
+    DEADLINE,
     FLASH_MODEL,
     GLM53_MODEL,
-    MockProcess,
-    Pair,
-    PairFactory,
+    Process,
+    Server,
     connector_json,
+    engine,
     free_port,
+    glm53,
     http,
+    lmcache_server,
     metric,
-    running,
-    start_lmcache,
     vllm_args,
 )
 
-from glm53.logparse import (
-    AttentionBlockSize,
-    ChunkSizeRejected,
-    EngineDied,
-    NegotiatedChunk,
-    ResolvedGeometry,
-    ServerUnreachable,
+pytestmark = pytest.mark.slow
+
+FLASH_GROUPS = "[1152, 1152, 1152, 1152, 1152, 0]"
+# vllm/logger.py:28-33: "(process pid=N) LEVEL MM-DD HH:MM:SS [file:line] message".
+VLLM_LINE = re.compile(r"^\((\w+) pid=\d+\) (INFO|WARNING|ERROR) \d\d-\d\d \d\d:\d\d:\d\d \[([\w.]+):(\d+)\] (.*)$")
+# lmcache/logging.py:8-14: colour, "[date] LMCache LEVEL:", reset, message, "(file:line:logger)" in italics.
+LMCACHE_GEOMETRY = re.compile(
+    r"^\x1b\[32;20m\[[\d :,-]+\] LMCache INFO:\x1b\[0m Resolved LMCache MP geometry: group_tokens_per_block=(.*), "
+    r"scheduler_block_size=(\d+), cache_model_name=(\S+) \x1b\[3m\(lmcache_mp_connector\.py:668:"
+    r"lmcache\.integration\.vllm\.lmcache_mp_connector\)\x1b\[0m$"
 )
 
 
-@pytest.fixture
-def pair(tmp_path: Path) -> Iterator[PairFactory]:
-    """Start a mock LMCache + mock vLLM pair on free loopback ports; both are stopped afterwards."""
-    started: list[MockProcess] = []
-
-    def start(
-        model: str,
-        profile: str,
-        tp: int,
-        lmcache_flags: Sequence[str],
-        vllm_flags: Sequence[str] = (),
-        env: dict[str, str] | None = None,
-    ) -> Pair:
-        lmcache, port, _, prometheus_port = start_lmcache(tmp_path, *lmcache_flags)
-        started.append(lmcache)
-        api_port = free_port()
-        vllm = MockProcess(vllm_args(model, profile, tp, api_port, port, *vllm_flags), tmp_path / "vllm.log", env)
-        started.append(vllm)
-        vllm.wait_for("Application startup complete.")
-        return Pair(lmcache, vllm, f"http://127.0.0.1:{api_port}", f"http://127.0.0.1:{prometheus_port}/metrics")
-
-    yield start
-    for process in reversed(started):
-        process.stop()
+@pytest.fixture(scope="module")
+def flash_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with lmcache_server(tmp_path_factory.mktemp("flash"), 1152, separate_object_groups=True) as server:
+        yield server
 
 
-DEV_MODE = {"VLLM_SERVER_DEV_MODE": "1"}
-L1 = ("--l1-size-gb", "1", "--eviction-policy", "LRU")
-FLASH_GROUPS = (1152, 1152, 1152, 1152, 1152, 0)
+@pytest.fixture(scope="module")
+def glm53_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with lmcache_server(tmp_path_factory.mktemp("glm53"), 256, separate_object_groups=False) as server:
+        yield server
 
 
-def _complete(base_url: str, prompt: list[int], salt: str = "", **extra: object) -> dict[str, Any]:
-    body = {"prompt": prompt, "max_tokens": 4, "temperature": 0, "logprobs": 1, "cache_salt": salt, **extra}
+def complete(base_url: str, prompt: list[int], salt: str, **extra: object) -> dict[str, Any]:
+    body = {"prompt": prompt, "max_tokens": 2, "temperature": 0, "logprobs": 1, "cache_salt": salt, **extra}
     status, reply = http(f"{base_url}/v1/completions", body)
     assert status == 200, reply
     assert isinstance(reply, dict)
     return reply
 
 
-def _cached(reply: dict[str, Any]) -> int:
-    return int(reply["usage"]["prompt_tokens_details"]["cached_tokens"])
-
-
-def _first_logprob(reply: dict[str, Any]) -> float:
-    return float(reply["choices"][0]["logprobs"]["token_logprobs"][0])
-
-
-def _reset(base_url: str, external: bool = False) -> None:
-    query = "?reset_external=true" if external else ""
-    assert http(f"{base_url}/reset_prefix_cache{query}", {}) == (200, {"success": True})
-
-
-@pytest.mark.parametrize(
-    ("model", "profile", "tp", "generation", "chunk_flags", "negotiated"),
-    [
-        (FLASH_MODEL, "glm53-flash", 4, "released", ["--chunk-size", "1152"], None),
-        (FLASH_MODEL, "glm53-flash", 4, "negotiating", [], (1152, 256, 1152)),
-        (GLM53_MODEL, "glm53", 8, "released", ["--chunk-size", "256"], None),
-        (GLM53_MODEL, "glm53", 8, "negotiating", ["--chunk-size", "256"], None),
-    ],
-)
-def test_starts_and_logs_the_startup_records(
-    pair: PairFactory,
-    model: str,
-    profile: str,
-    tp: int,
-    generation: str,
-    chunk_flags: list[str],
-    negotiated: tuple[int, int, int] | None,
-) -> None:
-    started = pair(model, profile, tp, [*L1, "--separate-object-groups", "--generation", generation, *chunk_flags])
-    records = started.vllm.records()
-    blocks = [r for r in records if isinstance(r, AttentionBlockSize)]
-    geometry = [r for r in records if isinstance(r, ResolvedGeometry)]
-    groups, scheduler_block = (FLASH_GROUPS, 1152) if profile == "glm53-flash" else ((64,), 64)
-    assert [b.tokens for b in blocks] == ([1152] if profile == "glm53-flash" else [])
-    assert [g.origin.rank for g in geometry] == list(range(tp))
-    assert {(g.group_tokens_per_block, g.scheduler_block_size, g.cache_model_name) for g in geometry} == {
-        (groups, scheduler_block, model)
-    }
-    assert not [r for r in records if isinstance(r, EngineDied | ChunkSizeRejected)]
-    lmcache_records = [r for r in started.lmcache.records() if isinstance(r, NegotiatedChunk)]
-    assert [(r.resolved, r.configured_min, r.alignment) for r in lmcache_records] == (
-        [negotiated] if negotiated else []
+def reset(base_url: str, external: bool = False) -> None:
+    assert http(f"{base_url}/reset_prefix_cache?reset_external={str(external).lower()}", {}) == (
+        200,
+        {"success": True},
     )
-    assert http(f"{started.base_url}/health")[0] == 200
-    status, models = http(f"{started.base_url}/v1/models")
-    assert status == 200 and models["data"][0]["id"] == model
 
 
-def test_released_lmcache_refuses_the_default_chunk_size_for_flash(tmp_path: Path) -> None:
-    lmcache, port, _, _ = start_lmcache(tmp_path, *L1, "--separate-object-groups")
+def cached_after_priming(base_url: str, length: int, salt: str) -> int:
+    """Prime LMCache with a `length`-token prompt, drop vLLM's own cache, send it again: the cached tokens."""
+    prompt = list(range(10, 10 + length))
+    complete(base_url, prompt, salt)
+    reset(base_url)
+    return int(complete(base_url, prompt, salt)["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+
+def test_flash_starts_with_vllm_lines_and_tp_plus_one_geometry_lines(tmp_path: Path, flash_server: Server) -> None:
+    extra = ("--enable-prompt-tokens-details",)
+    with engine(tmp_path, FLASH_MODEL, "glm53-flash", 4, flash_server.port, *extra) as pair:
+        lines = pair.process.lines()
+    vllm = [m.groups() for m in map(VLLM_LINE.match, lines) if m]
+    banner = f"vLLM server version 0.33.0, serving model {FLASH_MODEL}"
+    assert vllm[0] == ("APIServer", "INFO", "startup.py", "38", banner)
+    assert (
+        "APIServer",
+        "INFO",
+        "interface.py",
+        "1108",
+        "Setting attention block size to 1152 tokens to ensure that attention page size is >= mamba page size.",
+    ) in vllm
+    assert {name for name, *_ in vllm} >= {"APIServer", "EngineCore_DP0", "Worker_TP0", "Worker_TP3"}
+    geometry = [m.groups() for m in map(LMCACHE_GEOMETRY.match, lines) if m]
+    assert geometry == [(FLASH_GROUPS, "1152", FLASH_MODEL)] * 5  # 4 TP workers + the scheduler, untagged
+    assert vllm[-1][4].startswith("Starting vLLM server on http://127.0.0.1:")
+
+
+def test_flash_8507_tokens_hit_8064_counted_by_the_real_server(tmp_path: Path, flash_server: Server) -> None:
+    extra = ("--enable-prompt-tokens-details",)
+    before = metric(flash_server.metrics(), "lmcache_mp_lookup_hit_tokens_total")
+    with engine(tmp_path, FLASH_MODEL, "glm53-flash", 4, flash_server.port, *extra) as pair:
+        assert cached_after_priming(pair.base_url, 8507, "seed-000") == 8064
+        assert cached_after_priming(pair.base_url, 2304, "exact-two-chunks") == 1152  # L-1 looked up
+        _, vllm_metrics = http(f"{pair.base_url}/metrics")
+    assert metric(vllm_metrics, "vllm:external_prefix_cache_hits_total") == 8064 + 1152
+    assert metric(flash_server.metrics(), "lmcache_mp_lookup_hit_tokens_total") - before == 8064 + 1152
+
+
+def test_recovery_mismatch_fault_breaks_the_strict_prefix_rule(tmp_path: Path, flash_server: Server) -> None:
+    extra = ("--enable-prompt-tokens-details", "--fault", "recovery-mismatch")
+    with engine(tmp_path, FLASH_MODEL, "glm53-flash", 4, flash_server.port, *extra) as pair:
+        assert cached_after_priming(pair.base_url, 2304, "fault") == 2303  # bound: 1152
+        assert cached_after_priming(pair.base_url, 8507, "fault-8507") == 8064  # off the boundary nothing changes
+
+
+def test_glm53_full_prompt_hits_load_one_token_fewer(tmp_path: Path, glm53_server: Server) -> None:
+    extra = ("--enable-prompt-tokens-details",)
+    with engine(tmp_path, GLM53_MODEL, "glm53", 8, glm53_server.port, *extra) as pair:
+        hits = [cached_after_priming(pair.base_url, n, f"b{n}") for n in (255, 256, 257, 512, 768, 8507)]
+        reset(pair.base_url, external=True)  # the connector's reset_cache: CLEAR on the server
+        prompt = list(range(10, 10 + 768))
+        assert complete(pair.base_url, prompt, "b768")["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert hits == [0, 255, 256, 511, 767, 8448]
+
+
+def test_usage_details_only_with_the_flag_and_chat_and_streaming_work(tmp_path: Path, glm53_server: Server) -> None:
+    with engine(tmp_path, GLM53_MODEL, "glm53", 8, glm53_server.port) as pair:
+        reply = complete(pair.base_url, list(range(300)), "plain")
+        assert reply["usage"]["prompt_tokens_details"] is None
+        status, chat = http(
+            f"{pair.base_url}/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "the total is 42. what is the total?"}], "max_tokens": 2},
+        )
+        assert status == 200 and chat["choices"][0]["message"]["content"].startswith(" 42")
+        status, text = http(f"{pair.base_url}/v1/completions", {"prompt": "a b c", "max_tokens": 3, "stream": True})
+        assert status == 200 and text.count("data: ") == 4 and text.endswith("data: [DONE]\n\n")
+        status, error = http(f"{pair.base_url}/v1/completions", {"prompt": "a", "cache_salt": "a/b"})
+        assert status == 400 and "cache_salt" in error["error"]["message"]
+
+
+def test_a_chunk_size_that_does_not_fit_fails_like_0_5_6(tmp_path: Path, glm53_server: Server) -> None:
+    """GLM-5.3-Flash against a server on the default 256: the scheduler-side connector refuses it."""
+    process = Process(vllm_args(FLASH_MODEL, "glm53-flash", 4, free_port(), glm53_server.port), tmp_path / "v.log")
     try:
-        process = MockProcess(vllm_args(FLASH_MODEL, "glm53-flash", 4, free_port(), port), tmp_path / "vllm.log")
-        assert process.wait_exit() == 1
+        assert process.wait_exit(DEADLINE * 2) == 1
+    finally:
         process.stop()
-    finally:
-        lmcache.stop()
-    records = process.records()
-    rejected = [r for r in records if isinstance(r, ChunkSizeRejected)]
-    assert [(r.chunk_size, r.required_multiple) for r in rejected] == [(256, 1152)]
-    assert "ValueError: LMCache chunk size 256 must be a multiple of engine group 0 tokens_per_block 1152" in (
-        process.text()
+    lines = process.lines()
+    vllm = [m.groups() for m in map(VLLM_LINE.match, lines) if m]
+    failed = ("EngineCore_DP0", "ERROR", "core.py", "1584")
+    assert (*failed, "EngineCore failed to start.") in vllm
+    # NewLineFormatter repeats the prefix on every traceback line, the exception's own line included.
+    assert (*failed, "ValueError: LMCache chunk size 256 must be a multiple of group 0 tokens_per_block 1152") in vllm
+    assert sum(bool(LMCACHE_GEOMETRY.match(line)) for line in lines) == 5
+    assert lines[-1] == (
+        "glm53 mock: error: EngineCore failed to start: ValueError: LMCache chunk size 256 must be a multiple of "
+        "group 0 tokens_per_block 1152"
     )
-    assert [r.reason for r in records if isinstance(r, EngineDied)][:1] == ["EngineCore failed to start"]
-    assert not [r for r in records if isinstance(r, ResolvedGeometry)]
 
 
-def test_unreachable_lmcache_is_reported_within_the_connector_timeout(tmp_path: Path) -> None:
-    dead_port = free_port()
-    args = vllm_args(FLASH_MODEL, "glm53-flash", 4, free_port(), dead_port)
-    args[args.index("--kv-transfer-config") + 1] = connector_json(dead_port, **{"lmcache.mp.mq_timeout": 0.5})
-    with running(args, tmp_path / "vllm.log") as process:
-        assert process.wait_exit() == 1
-        records = process.records()
-    assert [r.url for r in records if isinstance(r, ServerUnreachable)] == [f"tcp://127.0.0.1:{dead_port}"]
-    assert f"Cannot reach the LMCache MP server at 'tcp://127.0.0.1:{dead_port}' within 0.5s." in process.text()
-    assert any(isinstance(r, EngineDied) for r in records)
-
-
-def test_flash_cached_request_gets_the_strict_prefix_bound(pair: PairFactory) -> None:
-    started = pair(
-        FLASH_MODEL, "glm53-flash", 4, [*L1, "--chunk-size", "1152", "--separate-object-groups"], [], DEV_MODE
-    )
-    prompt = list(range(8507))
-    assert _cached(_complete(started.base_url, prompt)) == 0
-    _reset(started.base_url)
-    reply = _complete(started.base_url, prompt)
-    assert _cached(reply) == 8064  # seed 000: 8064 of 8507 served from LMCache
-    _, text = http(f"{started.base_url}/metrics")
-    assert metric(text, "vllm:external_prefix_cache_hits_total") == 8064
-    assert metric(text, "vllm:external_prefix_cache_queries_total") == 2 * 8507
-    assert metric(text, "vllm:prefix_cache_hits_total") == 0
-    assert metric(text, "vllm:prompt_tokens_total") == 2 * 8507
-    assert metric(text, "vllm:time_to_first_token_seconds_count") == 2
-    assert metric(text, "vllm:e2e_request_latency_seconds_count") == 2
-    _, lmcache_text = http(started.lmcache_metrics_url)
-    assert metric(lmcache_text, "lmcache_mp_lookup_hit_tokens_total") == 8064
-    # A second request without a reset is served by vLLM's own prefix cache, again up to L-1 in whole blocks.
-    assert _cached(_complete(started.base_url, prompt)) == 8064
-    _, text = http(f"{started.base_url}/metrics")
-    assert metric(text, "vllm:prefix_cache_hits_total") == 8064
-    # A different cache_salt never matches; reset_external also empties LMCache.
-    assert _cached(_complete(started.base_url, prompt, salt="other")) == 0
-    _reset(started.base_url, external=True)
-    assert _cached(_complete(started.base_url, prompt)) == 0
-
-
-def test_glm53_stores_whole_chunks(pair: PairFactory) -> None:
-    started = pair(GLM53_MODEL, "glm53", 8, [*L1, "--chunk-size", "256"], [], DEV_MODE)
-    prompt = list(range(5040))
-    _complete(started.base_url, prompt)
-    _reset(started.base_url)
-    assert _cached(_complete(started.base_url, prompt)) == 4864  # seed 001: 5040 tokens at C = 256
-
-
-def _cold_then_cached(base_url: str, prompt: list[int], runs: int) -> tuple[list[float], set[int], list[float]]:
-    """Seed 000's protocol in small: `runs` cold requests (unique salts), prime, then `runs` requests each after a
-    local prefix-cache reset; returns the cold log-probs, the cached-token counts seen, and the cached log-probs."""
-    cold = [_first_logprob(_complete(base_url, prompt, salt=f"cold-{i}")) for i in range(runs)]
-    _complete(base_url, prompt)
-    hits, cached = set(), []
-    for _ in range(runs):
-        _reset(base_url)
-        reply = _complete(base_url, prompt)
-        hits.add(_cached(reply))
-        cached.append(_first_logprob(reply))
-    return cold, hits, cached
-
-
-def test_recovery_mismatch_fault_credits_the_full_prompt_and_shifts_the_logprob(pair: PairFactory) -> None:
-    started = pair(
-        FLASH_MODEL, "glm53-flash", 4, [*L1, "--chunk-size", "1152"], ["--fault", "recovery-mismatch"], DEV_MODE
-    )
-    cold, hits, cached = _cold_then_cached(started.base_url, list(range(2 * 1152)), runs=8)
-    assert hits == {2 * 1152}  # the strict-prefix bound would be 1152
-    assert statistics.mean(cached) < statistics.mean(cold) - 0.25
-
-
-def test_without_the_fault_cold_and_cached_logprobs_share_a_distribution(pair: PairFactory) -> None:
-    started = pair(FLASH_MODEL, "glm53-flash", 4, [*L1, "--chunk-size", "1152"], ["--seed", "3"], DEV_MODE)
-    cold, hits, cached = _cold_then_cached(started.base_url, list(range(2 * 1152)), runs=16)
-    assert hits == {1152}
-    assert abs(statistics.mean(cached) - statistics.mean(cold)) < 0.06  # noise sd 0.05, 16 runs each
-
-
-def test_reset_endpoint_is_absent_without_dev_mode(pair: PairFactory) -> None:
-    started = pair(GLM53_MODEL, "glm53", 8, [*L1], [], {"VLLM_SERVER_DEV_MODE": "0"})
-    assert http(f"{started.base_url}/reset_prefix_cache?reset_external=true", {})[0] == 404
-
-
-def test_chat_and_streaming_completions(pair: PairFactory) -> None:
-    started = pair(GLM53_MODEL, "glm53", 8, [*L1])
-    body = {"messages": [{"role": "user", "content": "what is the total"}], "logprobs": True, "top_logprobs": 2}
-    status, reply = http(f"{started.base_url}/v1/chat/completions", body)
-    assert status == 200
-    content = reply["choices"][0]["logprobs"]["content"]
-    assert content[0]["top_logprobs"][0]["logprob"] == content[0]["logprob"]
-    assert reply["usage"]["prompt_tokens"] == 4
-    stream_body = {"prompt": "a b c", "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}}
-    request = urllib.request.Request(
-        f"{started.base_url}/v1/completions", json.dumps(stream_body).encode(), {"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=10) as response:
-        events = [line[6:] for line in response.read().decode().splitlines() if line.startswith("data: ")]
-    assert events[-1] == "[DONE]"
-    chunks = [json.loads(e) for e in events[:-1]]
-    assert len([c for c in chunks if c["choices"]]) == 3
-    assert chunks[-1]["usage"]["completion_tokens"] == 3
-
-
-def test_hybrid_profile_without_prefix_caching_fails_like_vllm(tmp_path: Path) -> None:
-    lmcache, port, _, _ = start_lmcache(tmp_path, *L1)
+def test_an_unreachable_server_is_one_line_within_the_connector_timeout(tmp_path: Path) -> None:
+    config = connector_json(free_port(), **{"lmcache.mp.mq_timeout": 1.0})
+    argv = glm53("mock", "vllm", GLM53_MODEL, "--profile", "glm53", "--tensor-parallel-size", "8")
+    argv += ["--port", str(free_port()), "--kv-transfer-config", config, "--load-seconds", "0"]
+    process = Process(argv, tmp_path / "v.log")
     try:
-        args = vllm_args(FLASH_MODEL, "glm53-flash", 4, free_port(), port, "--no-enable-prefix-caching")
-        with running(args, tmp_path / "vllm.log") as process:
-            assert process.wait_exit() == 1
+        assert process.wait_exit(DEADLINE) == 1
     finally:
-        lmcache.stop()
-    assert "ValueError: GLM-5.3-Flash is a hybrid (Mamba / linear-attention) model" in process.text()
-    assert "pass --enable-prefix-caching" in process.text()
+        process.stop()
+    assert process.lines()[-1].startswith(
+        "glm53 mock: error: EngineCore failed to start: ConnectionError: Cannot reach the LMCache MP server at "
+        "'tcp://127.0.0.1:"
+    )
 
 
-def test_a_taken_api_port_fails_at_once_with_one_line(tmp_path: Path) -> None:
-    with socket.socket() as blocker:
-        blocker.bind(("127.0.0.1", 0))
-        blocker.listen()
-        port = blocker.getsockname()[1]
-        with running(vllm_args(GLM53_MODEL, "glm53", 8, port, free_port()), tmp_path / "vllm.log") as process:
-            assert process.wait_exit() == 1
-    assert process.lines() == [
-        f"glm53 mock: error: cannot bind the vLLM API server to 127.0.0.1:{port}: Address already in use; "
-        "stop the process using it or choose another --port"
-    ]
+def test_a_server_dying_mid_run_fails_the_request_and_stops_the_engine(tmp_path: Path) -> None:
+    with (
+        lmcache_server(tmp_path, 256, separate_object_groups=False) as server,
+        engine(tmp_path, GLM53_MODEL, "glm53", 8, server.port) as pair,
+    ):
+        complete(pair.base_url, list(range(600)), "alive")
+        server.process.stop()  # SIGTERM: the server exits and frees its SHM pool
+        status, reply = http(f"{pair.base_url}/v1/completions", {"prompt": list(range(600)), "max_tokens": 1})
+        assert status == 500
+        assert "the LMCache MP server at 'tcp://127.0.0.1:" in reply["error"]["message"]
+        assert pair.process.wait_exit(DEADLINE) == 1
+        last = pair.process.lines()[-1]
+    assert last.startswith("glm53 mock: error: the LMCache MP server at 'tcp://127.0.0.1:")
+    assert "did not answer LOOKUP within 10s" in last
 
 
-@pytest.mark.parametrize(
-    ("extra", "message"),
-    [
-        (["--gpu-memory-utilizaton", "0.9"], "unrecognized arguments: --gpu-memory-utilizaton"),
-        (["--fault", "bogus"], "argument --fault: invalid choice: 'bogus'"),
-        (["--limit-mm-per-prompt", "image=0"], "argument --limit-mm-per-prompt: invalid JSON"),
-    ],
-)
-def test_rejects_bad_flags(tmp_path: Path, extra: list[str], message: str) -> None:
-    with running(vllm_args(GLM53_MODEL, "glm53", 8, free_port(), free_port(), *extra), tmp_path / "v.log") as process:
-        assert process.wait_exit() == 2
-    assert message in process.text()
-
-
-def test_a_wrong_connector_is_a_one_line_error(tmp_path: Path) -> None:
-    args = vllm_args(GLM53_MODEL, "glm53", 8, free_port(), free_port())
-    args[args.index("--kv-transfer-config") + 1] = '{"kv_connector":"NixlConnector"}'
-    with running(args, tmp_path / "vllm.log") as process:
-        assert process.wait_exit() == 2
-    assert process.lines() == [
-        "glm53 mock: error: --kv-transfer-config kv_connector must be 'LMCacheMPConnector' (the mock emulates only "
-        "LMCache's MP connector), got 'NixlConnector'"
-    ]
-
-
-def test_lmcache_dying_mid_run_turns_hits_into_misses_without_hanging(pair: PairFactory) -> None:
-    started = pair(GLM53_MODEL, "glm53", 8, [*L1], [], DEV_MODE)
-    prompt = list(range(600))
-    _complete(started.base_url, prompt)
-    assert started.lmcache.stop() == 0
-    _reset(started.base_url)
-    assert _cached(_complete(started.base_url, prompt)) == 0
-    started.vllm.wait_for("did not answer lookup within")
-    assert http(f"{started.base_url}/health")[0] == 200
-
-
-@pytest.mark.parametrize("phase", ["loading", "waiting for LMCache"])
-def test_sigterm_during_startup_exits_cleanly(tmp_path: Path, phase: str) -> None:
-    dead_port = free_port()
-    args = vllm_args(GLM53_MODEL, "glm53", 8, free_port(), dead_port)
-    args[args.index("--kv-transfer-config") + 1] = connector_json(dead_port, **{"lmcache.mp.mq_timeout": 300})
-    if phase == "loading":
-        args += ["--load-seconds", "300"]
-    with running(args, tmp_path / "vllm.log") as process:
-        process.wait_for("non-default args" if phase == "loading" else "Loading weights took")
+def test_reset_endpoint_is_absent_without_dev_mode(tmp_path: Path, glm53_server: Server) -> None:
+    port = free_port()
+    process = Process(vllm_args(GLM53_MODEL, "glm53", 8, port, glm53_server.port), tmp_path / "v.log")
+    try:
+        process.wait_for("Starting vLLM server on", DEADLINE * 2)
+        assert http(f"http://127.0.0.1:{port}/reset_prefix_cache", {})[0] == 404
+    finally:
         assert process.stop() == 0
-    assert not [r for r in process.records() if isinstance(r, ServerUnreachable | EngineDied)]
+
+
+def test_kv_events_go_out_in_vllms_wire_format(tmp_path: Path, glm53_server: Server) -> None:
+    """`--kv-events-config`: a ZMQ SUB sees (topic, sequence, msgpack batch) with BlockStored for each new block."""
+    zmq = pytest.importorskip("zmq")
+    msgpack = pytest.importorskip("msgspec").msgpack
+    port = free_port()
+    config = f'{{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:{port}","topic":"kv"}}'
+    context = zmq.Context()
+    subscriber = context.socket(zmq.SUB)
+    subscriber.setsockopt(zmq.LINGER, 0)
+    subscriber.setsockopt(zmq.SUBSCRIBE, b"kv")
+    try:
+        with engine(tmp_path, GLM53_MODEL, "glm53", 8, glm53_server.port, "--kv-events-config", config) as pair:
+            subscriber.connect(f"tcp://127.0.0.1:{port}")
+            prompt = list(range(1000, 1130))  # two whole 64-token blocks
+            frames: list[bytes] = []
+            for attempt in range(40):  # PUB drops what it sends before the subscription arrives: retry
+                complete(pair.base_url, prompt, f"events-{attempt}")
+                if subscriber.poll(250):
+                    frames = subscriber.recv_multipart()
+                    break
+            reset(pair.base_url)
+            while subscriber.poll(2000):
+                cleared = subscriber.recv_multipart()
+                if b"AllBlocksCleared" in cleared[2]:
+                    break
+    finally:
+        subscriber.close()
+        context.term()
+    topic, sequence, payload = frames
+    assert topic == b"kv" and len(sequence) == 8
+    ts, events, dp_rank = msgpack.decode(payload)  # EventBatch is array_like: [ts, events, data_parallel_rank]
+    assert isinstance(ts, float) and dp_rank == 0
+    assert [e["type"] for e in events] == ["BlockStored", "BlockStored"]
+    first, second = events
+    assert first["token_ids"] == prompt[:64] and second["token_ids"] == prompt[64:128]
+    assert first["block_size"] == 64 and first["medium"] == "GPU" and first["group_idx"] == 0
+    assert first["parent_block_hash"] is None and second["parent_block_hash"] == first["block_hashes"][0]
+    assert isinstance(first["block_hashes"][0], int) and first["block_hashes"][0] < 2**64
+    assert first["extra_keys"][0][0].startswith("events-") and second["extra_keys"] == [None]
+    assert msgpack.decode(cleared[2])[1] == [{"type": "AllBlocksCleared"}]

@@ -1,4 +1,5 @@
-"""`glm53 pod`: the README's main job — run the CPU-mock pod on loopback, probe it, validate it, print the report.
+"""`glm53 pod`: the README's main job — run the CPU pod (the real LMCache server + the engine stand-in) on loopback,
+probe it, validate it, print the report.
 
 Exit 0 when validation passes, 1 when it fails (or a server dies), 3 when the startup probe never reports Ready,
 2 for usage errors. SIGTERM is turned into the same interrupt as Ctrl-C, so both stop the pod's processes.
@@ -17,7 +18,6 @@ from types import FrameType
 
 from glm53.errors import EXIT_FAILURE, EXIT_OK
 from glm53.mock.engine import FAULTS
-from glm53.mock.handshake import GENERATIONS
 from glm53.pod import PodPorts, PodSpec, run_pod, say_to
 from glm53.profiles import DEFAULT_PROFILE, PROFILES, get_profile
 from glm53.validate.progress import Progress
@@ -27,17 +27,12 @@ from glm53.validate.report import render_text, write_json
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="glm53 pod",
-        description="Run the CPU-mock pod (LMCache sidecar + vLLM under glm53 supervise) on loopback, wait for the "
-        "startup probe like the kubelet, validate it and stop it. Leaves no process behind.",
+        description="Run the CPU pod (the real LMCache 0.5.6 server as the sidecar + the vLLM stand-in, each under "
+        "glm53 supervise) on loopback, wait for the startup probe like the kubelet, validate it and stop it. Leaves "
+        "no process behind.",
     )
     parser.add_argument("--profile", default=DEFAULT_PROFILE, choices=list(PROFILES), help="model profile")
-    parser.add_argument(
-        "--generation",
-        default="released",
-        choices=GENERATIONS,
-        help="LMCache generation to emulate: the released 0.5.6 (explicit chunk size) or a negotiating one",
-    )
-    parser.add_argument("--fault", choices=FAULTS, help="inject a fault into the vLLM mock (validation must catch it)")
+    parser.add_argument("--fault", choices=FAULTS, help="inject a fault into the engine (validation must catch it)")
     parser.add_argument("--workdir", type=Path, help="where vllm.log, lmcache.log and validation.json go (kept)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary work dir even when validation passes")
     return parser
@@ -50,22 +45,28 @@ def _interrupt(_signum: int, _frame: FrameType | None) -> None:
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="glm53-pod-"))
-    spec = PodSpec(get_profile(args.profile), workdir, PodPorts.free(), args.generation, args.fault)
+    spec = PodSpec(get_profile(args.profile), workdir, PodPorts.free(), args.fault)
     say = say_to(sys.stdout)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     passed = False
     try:
         fault = f", fault {spec.fault}" if spec.fault else ""
-        say(f"pod: {spec.profile.display_name} (TP {spec.tensor_parallel_size}), LMCache {spec.generation}{fault}")
+        say(f"pod: {spec.profile.display_name} (TP {spec.tensor_parallel_size}), real LMCache 0.5.6 server{fault}")
         say(f"pod: work dir {workdir}")
         outcome = run_pod(spec, say, Progress(sys.stderr))
         print(render_text(outcome.report))
         say(f"pod: exporter {spec.exporter_url} (what `curl` shows, trimmed):")
         for line in outcome.exporter_lines:
             say(f"  {line}")
+        say(f"pod: LMCache server {spec.lmcache_url}/metrics (its own counters, summed over cache salts):")
+        for line in outcome.lmcache_lines:
+            say(f"  {line}")
         write_json(outcome.report, workdir / "validation.json")
         passed = outcome.report.passed
-        say(f"pod: {'PASS' if passed else 'FAIL'} in {outcome.seconds:.1f} s (all processes stopped)")
+        say(
+            f"pod: {'PASS' if passed else 'FAIL'} in {outcome.seconds:.1f} s (LMCache server start-up "
+            f"{outcome.lmcache_startup_seconds:.1f} s; all processes stopped)"
+        )
         return EXIT_OK if passed else EXIT_FAILURE
     finally:
         signal.signal(signal.SIGTERM, previous)

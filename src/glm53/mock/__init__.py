@@ -1,7 +1,8 @@
-"""CPU stand-ins for `lmcache server` (multiprocess mode) and `vllm serve`, faithful where the deployment looks.
+"""The CPU stand-in for `vllm serve` (`glm53 mock vllm`), paired with the REAL `lmcache server` as its sidecar.
 
 Nobody can run GLM-5.3 in CI, yet the sidecar ordering, the startup probe, the metrics and the validation protocol must
-be exercised for real. These servers reproduce what those parts observe: flags, start-up log lines, the chunk-size
-handshake of both LMCache generations, chunk-aligned prefix storage with an L1 budget, the strict-prefix lookup rule,
-OpenAI-compatible endpoints and the Prometheus metric names. The "model" is a hash, not a network.
+be exercised for real. The sidecar therefore is the released LMCache 0.5.6 server itself; the engine stand-in keeps
+vLLM 0.33's HTTP surface, log format and metric names, and moves KV data to and from the server with LMCache's own
+client classes (`kv_client`), applying the connector's vLLM-side rules (`engine`). The "model" is a hash, not a
+network. torch and LMCache (the `pod` extra) are imported only when the stand-in connects, never by the slim toolkit.
 """

@@ -1,4 +1,5 @@
-"""The `--kv-transfer-config` JSON of the mock vLLM: which connector, and where its LMCache server is.
+"""The engine stand-in's JSON flags: `--kv-transfer-config` (which connector, where its LMCache server is) and
+`--kv-events-config` (where KV-cache events go), checked before anything starts.
 
 Mirrors vLLM 0.33 with LMCache's `LMCacheMPConnector`: `kv_connector_extra_config` carries `lmcache.mp.host`
 (default `tcp://localhost`), `lmcache.mp.port` (5555), `lmcache.mp.mq_timeout` (300 s, how long start-up waits for
@@ -60,4 +61,35 @@ def parse_connector_config(text: str) -> ConnectorConfig:
         url,
         _number(extra, "lmcache.mp.mq_timeout", DEFAULT_MQ_TIMEOUT),
         _number(extra, "lmcache.mp.heartbeat_interval", DEFAULT_HEARTBEAT_INTERVAL),
+    )
+
+
+@dataclass(frozen=True)
+class KVEventsConfig:
+    """The fields of `--kv-events-config` the stand-in honours (vllm/config/kv_events.py:14-47 for all of them)."""
+
+    endpoint: str = "tcp://*:5557"
+    topic: str = ""
+    hwm: int = 100_000
+
+
+def parse_kv_events_config(text: str) -> KVEventsConfig | None:
+    """The publisher to start, or None when events are off (`enable_kv_cache_events` false or publisher "null")."""
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise Glm53Error(f"--kv-events-config is not valid JSON ({error.msg}); pass a JSON object") from None
+    if not isinstance(config, dict):
+        raise Glm53Error("--kv-events-config must be a JSON object, e.g. '{\"enable_kv_cache_events\":true}'")
+    enabled = bool(config.get("enable_kv_cache_events", False))
+    publisher = config.get("publisher") or ("zmq" if enabled else "null")  # kv_events.py:45-47
+    if publisher not in ("zmq", "null"):
+        raise Glm53Error(f"--kv-events-config publisher must be 'zmq' or 'null', got {publisher!r}")
+    if not enabled or publisher == "null":
+        return None
+    defaults = KVEventsConfig()
+    return KVEventsConfig(
+        str(config.get("endpoint", defaults.endpoint)),
+        str(config.get("topic", defaults.topic)),
+        int(config.get("hwm", defaults.hwm)),
     )

@@ -1,30 +1,52 @@
-"""The mock engine's request path: local prefix cache first, LMCache for the rest, simulated compute, then store.
+"""The engine stand-in's request path: vLLM's local prefix cache, then LMCache through its own client, then store.
 
-This is where the seeds' numbers come from. vLLM's local cache serves whole scheduler blocks and never the last prompt
-token. The connector then asks LMCache for the longest stored chunk-aligned prefix; for strict-prefix (hybrid)
-profiles it looks up at most L-1 tokens, so the external hit is floor((L-1)/C)*C minus what the local cache already
-gave (8507 tokens at C = 1152: 8064); single-group profiles look up all L tokens (5040 at C = 256: 4864). After the
-request the prompt's whole chunks are stored in LMCache under its cache_salt. The `recovery-mismatch` fault looks up
-the full prompt on a strict-prefix profile (seed 004): a prompt of exactly k*C tokens then reports k*C external hits
-and its first-token log-prob shifts, as a state restored for L tokens while L-1 were credited would.
+The rules on vLLM's side of the connector are applied exactly as LMCache 0.5.6's `LMCacheMPConnector` does
+(`lmcache/integration/vllm/lmcache_mp_connector.py`; vLLM 0.33 ships the same connector under
+`vllm/distributed/kv_transfer/kv_connector/v1/lmcache_mp_connector.py`, which imports it):
+- hybrid models (Mamba cache mode `align`) reserve the last prompt token: the lookup covers at most L-1 tokens,
+  aligned down to whole chunks (connector:601, vllm_multi_process_adapter.py:891-894), so 8507 tokens at C = 1152
+  can hit 8064;
+- the tokens to load are LMCache's hit minus what vLLM's own cache already computed (connector:1330), and on a
+  full-prompt hit one fewer, because vLLM must recompute the last token (connector:1341-1346): L = 256 at C = 256
+  loads 255.
+Everything else (chunk hashing, which chunks exist, eviction, the `lmcache_mp_*` counters) is the real server's.
+After prefill the prompt's whole chunks beyond what LMCache already held are stored.
+The `recovery-mismatch` fault drops the last-token reservation (seed 004): a hybrid prompt of exactly k*C tokens then
+loads k*C-1 tokens, more than the strict-prefix bound (k-1)*C, and its first-token log-prob shifts, as a recurrent
+state restored for the whole prompt while vLLM recomputes the last token would.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from glm53.mock import model, protocol
-from glm53.mock.lmcache_client import LMCacheClient, LMCacheRefused, LMCacheUnavailable
-from glm53.mock.loglines import VllmLogger
-from glm53.mock.store import ChunkStore
+from glm53.mock import model
+from glm53.mock.kv_client import KVClient, ServerLost
+from glm53.mock.local_cache import LocalPrefixCache, block_hashes
 from glm53.mock.vllm_metrics import VllmMetrics
 
 RECOVERY_MISMATCH = "recovery-mismatch"
 FAULTS = (RECOVERY_MISMATCH,)
+
+
+def lookup_tokens(prompt_tokens: int, reserve_last_token: bool) -> int:
+    """How many leading tokens the connector asks LMCache for (vllm_multi_process_adapter.py:891)."""
+    return max(0, prompt_tokens - int(reserve_last_token))
+
+
+def tokens_to_load(lmcache_hit: int, vllm_computed: int, prompt_tokens: int) -> int:
+    """The external hit vLLM counts: LMCache's hit beyond vLLM's own, one fewer on a full-prompt hit.
+
+    lmcache 0.5.6 lmcache_mp_connector.py:1330 (`need_to_load = max(0, ret - num_computed_tokens)`) and :1341-1346
+    (`if ret == len(request.all_token_ids): need_to_load = max(0, need_to_load - 1)`).
+    """
+    load = max(0, lmcache_hit - vllm_computed)
+    return max(0, load - 1) if lmcache_hit == prompt_tokens else load
 
 
 @dataclass(frozen=True)
@@ -48,39 +70,52 @@ class Outcome:
         return self.local_hit_tokens + self.external_hit_tokens
 
 
+class EventSink(Protocol):
+    """Where the local prefix cache's changes go as vLLM KV events (glm53.mock.kv_events.KVEventPublisher)."""
+
+    def publish(self, events: Sequence[Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class EngineSettings:
     block_size: int
+    groups: tuple[int, ...]  # group_tokens_per_block, for the KV events' group_idx
     chunk_size: int
-    strict_prefix: bool
+    reserve_last_token: bool  # the hybrid profiles' Mamba `align` mode (connector:601)
     fault: str | None
     seed: int
     cost: model.ComputeCost
-    bytes_per_token: int
     noise_sd: float
 
 
-def external_lookup_limit(prompt_tokens: int, strict_prefix: bool, fault: str | None) -> int:
-    """How many leading prompt tokens the connector may look up in LMCache (L-1 under the strict-prefix rule)."""
-    return prompt_tokens - 1 if strict_prefix and fault != RECOVERY_MISMATCH else prompt_tokens
-
-
 class Engine:
-    """Serialises requests (one engine step at a time) so the request counter, caches and metrics stay consistent."""
+    """One engine step at a time (a lock), so counters, caches and LMCache sessions stay consistent."""
 
     def __init__(
-        self, settings: EngineSettings, local: ChunkStore, client: LMCacheClient, metrics: VllmMetrics
+        self,
+        settings: EngineSettings,
+        local: LocalPrefixCache,
+        kv: KVClient,
+        metrics: VllmMetrics,
+        on_server_lost: Callable[[ServerLost], None],
+        events: EventSink | None = None,
     ) -> None:
         self.settings = settings
         self.local = local
-        self.client = client
+        self.kv = kv
         self.metrics = metrics
         self.requests = 0
         self._lock = threading.Lock()
-        self._log = VllmLogger("EngineCore_DP0")
+        self._on_server_lost = on_server_lost
+        self._events = events
 
     def run(self, prompt: Prompt, on_token: Callable[[Outcome, int], None] | None = None) -> Outcome:
-        """Prefill under the engine lock (one at a time), then decode token by token, calling `on_token` for each."""
+        """Prefill under the engine lock, then decode token by token, calling `on_token` for each.
+
+        Raises ServerLost (after reporting it) when the LMCache server stops answering.
+        """
         start = time.monotonic()
         with self.metrics.running.track_inprogress():
             outcome = self._prefill_and_decode(prompt, start, on_token)
@@ -95,20 +130,25 @@ class Engine:
         s = self.settings
         with self._lock:
             length = len(prompt.tokens)
-            local_keys = protocol.prefix_keys(prompt.cache_salt, prompt.tokens, s.block_size, limit=length - 1)
-            local_hit = self.local.longest_prefix(local_keys) * s.block_size
-            limit = external_lookup_limit(length, s.strict_prefix, s.fault)
-            external_hit = max(0, self._lookup(prompt, limit) - local_hit)
-            full_hit = local_hit + external_hit >= length
-            shift = model.RECOVERY_MISMATCH_SHIFT if s.fault == RECOVERY_MISMATCH and full_hit else 0.0
-            self.requests += 1
-            time.sleep(s.cost.prefill(max(1, length - local_hit - external_hit)) + s.cost.decode(1))
-            ttft = time.monotonic() - start
+            hashes = block_hashes(prompt.cache_salt, prompt.tokens, s.block_size)
+            # vLLM's own cache never serves the last prompt token, so it matches at most L-1 tokens' blocks.
+            local_hit = self.local.longest_prefix(hashes[: (length - 1) // s.block_size]) * s.block_size
+            request_id = uuid.uuid4().hex  # one LMCache session per request: lookup, load, store
+            try:
+                lmcache_hit, external_hit = self._load(prompt, local_hit, request_id)
+                self.requests += 1
+                time.sleep(s.cost.prefill(max(1, length - local_hit - external_hit)) + s.cost.decode(1))
+                ttft = time.monotonic() - start
+                self._store(prompt, lmcache_hit, request_id)
+                self.kv.end_session(request_id)
+            except ServerLost as error:
+                self._on_server_lost(error)
+                raise
+            shift = model.RECOVERY_MISMATCH_SHIFT if s.fault == RECOVERY_MISMATCH and lmcache_hit >= length else 0.0
             generation = model.generate(
                 prompt.tokens, prompt.max_tokens, s.seed, self.requests, shift, s.noise_sd, prompt.answer
             )
-            self.local.put("", protocol.prefix_keys(prompt.cache_salt, prompt.tokens, s.block_size), 1)
-            self._store(prompt)
+            self._cache_locally(prompt, hashes)
             self._record_prefill(length, local_hit, external_hit, ttft)
         outcome = Outcome(generation, length, local_hit, external_hit, ttft)
         for index in range(len(generation.words)):
@@ -118,34 +158,32 @@ class Engine:
                 on_token(outcome, index)
         return outcome
 
-    def _lookup(self, prompt: Prompt, limit: int) -> int:
-        if not self.client.healthy:
-            return 0
-        keys = protocol.prefix_keys(prompt.cache_salt, prompt.tokens, self.settings.chunk_size, limit=limit)
-        reply = self._call({"op": "lookup", "keys": keys})
-        return int(reply.get("hit_tokens", 0)) if reply else 0
+    def _load(self, prompt: Prompt, local_hit: int, request_id: str) -> tuple[int, int]:
+        """(LMCache's hit, the tokens loaded from it): look up, then retrieve what vLLM does not have already."""
+        s, tokens, salt = self.settings, prompt.tokens, prompt.cache_salt
+        reserve = s.reserve_last_token and s.fault != RECOVERY_MISMATCH
+        hit = self.kv.lookup(tokens, salt, lookup_tokens(len(tokens), reserve), request_id)
+        load = tokens_to_load(hit, local_hit, len(tokens))
+        if load > 0:
+            self.kv.retrieve(tokens, salt, hit, local_hit // s.chunk_size * s.chunk_size, request_id)
+        elif hit > 0:
+            self.kv.release(tokens, salt, hit, request_id)
+        return hit, load
 
-    def _store(self, prompt: Prompt) -> None:
-        if not self.client.healthy:
-            return
-        chunk = self.settings.chunk_size
-        keys = protocol.prefix_keys(prompt.cache_salt, prompt.tokens, chunk)
-        if keys:
-            message = {"op": "store", "salt": prompt.cache_salt, "keys": keys}
-            self._call({**message, "chunk_bytes": chunk * self.settings.bytes_per_token})
+    def _store(self, prompt: Prompt, lmcache_hit: int, request_id: str) -> None:
+        """Store the prompt's whole chunks that LMCache does not hold yet (the connector stores from its hit on)."""
+        end = len(prompt.tokens) // self.settings.chunk_size * self.settings.chunk_size
+        if end > lmcache_hit:
+            self.kv.store(prompt.tokens, prompt.cache_salt, (lmcache_hit, end), request_id)
 
-    def _call(self, message: dict[str, Any]) -> dict[str, Any] | None:
-        try:
-            return self.client.request(message)
-        except LMCacheUnavailable:
-            self._log.warning(
-                "lmcache_mp_connector.py:812",
-                f"LMCache MP server at '{self.client.url}' did not answer {message['op']} within "
-                f"{self.client.timeout}s; treating it as a miss until it answers again.",
-            )
-        except LMCacheRefused as error:
-            self._log.warning("lmcache_mp_connector.py:820", f"LMCache MP server refused {message['op']}: {error}")
-        return None
+    def _cache_locally(self, prompt: Prompt, hashes: list[str]) -> None:
+        new, evicted = self.local.put(hashes)
+        if self._events is not None:
+            from glm53.mock import kv_events  # msgspec: the pod extra
+
+            s = self.settings
+            stored = kv_events.stored_events(prompt.cache_salt, prompt.tokens, hashes, new, s.block_size, s.groups)
+            self._events.publish([*kv_events.removed_events(evicted, s.groups), *stored])
 
     def _record_prefill(self, length: int, local: int, external: int, ttft: float) -> None:
         m = self.metrics
@@ -160,7 +198,23 @@ class Engine:
     def reset_local(self) -> None:
         with self._lock:
             self.local.clear()
+            if self._events is not None:
+                from glm53.mock import kv_events
+
+                self._events.publish([kv_events.AllBlocksCleared()])
 
     def reset_external(self) -> bool:
+        """The connector's reset_cache: CLEAR on the server; False when it did not answer (and the server is lost)."""
         with self._lock:
-            return self._call({"op": "clear"}) is not None
+            try:
+                self.kv.clear()
+            except ServerLost as error:
+                self._on_server_lost(error)
+                return False
+            return True
+
+    def close(self) -> None:
+        with self._lock:
+            self.kv.close()
+            if self._events is not None:
+                self._events.close()

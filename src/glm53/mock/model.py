@@ -26,10 +26,6 @@ NOISE_SD = 0.05
 RECOVERY_MISMATCH_SHIFT = -0.4
 FOLLOWING_TOKEN_LOGPROB = -0.08
 
-# Invented KV bytes per token, for the L1 budget only: GLM-5.3 keeps a 576-wide bf16 MLA latent in each of 78 layers;
-# GLM-5.3-Flash's 11 sparse-MLA layers plus amortised KDA state snapshots come to far less.
-BYTES_PER_TOKEN = {"glm53": 78 * 576 * 2, "glm53-flash": 16384}
-
 _VOCABULARY = (
     *("the", "answer", "is", "in", "section", "paragraph", "document", "states", "that", "according", "to"),
     *("report", "value", "total", "year", "revenue", "growth", "customer", "contract", "clause", "date", "amount"),

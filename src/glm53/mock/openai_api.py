@@ -1,9 +1,10 @@
 """The OpenAI-compatible request and response shapes of the mock vLLM server, as pure functions.
 
 Requests are validated into an `ApiRequest` (a bad field is a 400 with vLLM's error body); responses are built from the
-engine's `Outcome`. Prompts follow the mocks' tokenizer rule: a string is one token per whitespace-separated word, a
+engine's `Outcome`. Prompts follow the stand-in's tokenizer rule: a string is one token per whitespace-separated word, a
 list of integers is used as token ids as-is, and chat messages are joined by newlines. `usage` carries
-`prompt_tokens_details.cached_tokens` (local plus external hits), as vLLM reports it.
+`prompt_tokens_details.cached_tokens` (local plus external hits) only when the server runs with
+`--enable-prompt-tokens-details`, as vLLM does.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from glm53.mock.engine import Outcome, Prompt
 
 DEFAULT_MAX_TOKENS = 16
 MAX_TOP_LOGPROBS = 5
+SALT_FORBIDDEN = frozenset("@/\\\x00")
+SALT_MAX_LEN = 128
 
 
 class ApiError(Exception):
@@ -101,6 +104,9 @@ def parse_request(body: Any, chat: bool, served_model: str, max_model_len: int) 
     salt = body.get("cache_salt", "")
     if not isinstance(salt, str):
         raise ApiError(400, "cache_salt must be a string")
+    # lmcache 0.5.6 v1/multiprocess/custom_types.py:74-87: LMCache's keys refuse these salts; refuse them up front.
+    if set(salt) & SALT_FORBIDDEN or len(salt) > SALT_MAX_LEN:
+        raise ApiError(400, f"cache_salt must be at most {SALT_MAX_LEN} characters without '@', '/', '\\' or NUL")
     stream_options = body.get("stream_options") or {}
     return ApiRequest(
         chat=chat,
@@ -121,13 +127,16 @@ def _top_logprobs(body: dict[str, Any], chat: bool) -> int | None:
     return _int_field(body, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
 
 
-def usage(outcome: Outcome) -> dict[str, Any]:
+def usage(outcome: Outcome, prompt_tokens_details: bool) -> dict[str, Any]:
+    """vLLM's UsageInfo; `prompt_tokens_details.cached_tokens` only under `--enable-prompt-tokens-details`
+    (vllm 0.33.0 entrypoints/openai/completion/serving.py:508-511 and :668-676), else the field stays null."""
     completion = len(outcome.generation.words)
+    details = {"cached_tokens": outcome.cached_tokens} if prompt_tokens_details else None
     return {
         "prompt_tokens": outcome.prompt_tokens,
         "completion_tokens": completion,
         "total_tokens": outcome.prompt_tokens + completion,
-        "prompt_tokens_details": {"cached_tokens": outcome.cached_tokens},
+        "prompt_tokens_details": details,
     }
 
 
@@ -169,7 +178,7 @@ def text_of(generation: model.Generation) -> str:
     return "".join(f" {w}" for w in generation.words)
 
 
-def response(request: ApiRequest, outcome: Outcome) -> dict[str, Any]:
+def response(request: ApiRequest, outcome: Outcome, prompt_tokens_details: bool) -> dict[str, Any]:
     """The non-streaming response body."""
     generation = outcome.generation
     logprobs = None
@@ -181,7 +190,7 @@ def response(request: ApiRequest, outcome: Outcome) -> dict[str, Any]:
         choice["message"] = {"role": "assistant", "content": text_of(generation)}
     else:
         choice["text"] = text_of(generation)
-    return {**_envelope(request), "choices": [choice], "usage": usage(outcome)}
+    return {**_envelope(request), "choices": [choice], "usage": usage(outcome, prompt_tokens_details)}
 
 
 def _envelope(request: ApiRequest) -> dict[str, Any]:
@@ -189,7 +198,7 @@ def _envelope(request: ApiRequest) -> dict[str, Any]:
     return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": kind, "created": int(time.time()), "model": request.model}
 
 
-def stream_events(request: ApiRequest, outcome: Outcome) -> list[dict[str, Any]]:
+def stream_events(request: ApiRequest, outcome: Outcome, prompt_tokens_details: bool) -> list[dict[str, Any]]:
     """The server-sent event payloads of a streaming response, one per generated token, then usage if asked for."""
     envelope = _envelope(request)
     envelope["object"] = "chat.completion.chunk" if request.chat else "text_completion"
@@ -208,5 +217,5 @@ def stream_events(request: ApiRequest, outcome: Outcome) -> list[dict[str, Any]]
             choice["logprobs"] = build(one, request.top_logprobs)
         events.append({**envelope, "choices": [choice]})
     if request.include_usage:
-        events.append({**envelope, "choices": [], "usage": usage(outcome)})
+        events.append({**envelope, "choices": [], "usage": usage(outcome, prompt_tokens_details)})
     return events

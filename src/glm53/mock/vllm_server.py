@@ -1,16 +1,22 @@
-"""`glm53 mock vllm`: a CPU stand-in for `vllm serve` with the LMCache MP connector.
+"""`glm53 mock vllm`: a CPU stand-in for `vllm serve` whose KV path is the real LMCache server, via its own client.
 
-Start-up follows the real order, logging the lines the probe reads: a simulated model load, for hybrid profiles
-`Setting attention block size to N tokens ...`, the connector's registration with the LMCache server (refusal ->
-`ValueError: LMCache chunk size ...` then `EngineCore failed to start.`; silence -> `Cannot reach the LMCache MP
-server ...`; both exit 1), then `Resolved LMCache MP geometry: ...` once per TP rank, then serving. The HTTP port is
-bound first so a taken port fails at once; until the engine is ready every route answers 503.
+Start-up follows vLLM 0.33 with `LMCacheMPConnector`, logging what the probe reads in vLLM's own format
+(`glm53.mock.logs`): the start banner, for hybrid profiles `Setting attention block size to N tokens ...`, a simulated
+weight load, then the connector: the server's chunk size (a silent server -> `ConnectionError: Cannot reach the
+LMCache MP server ...`), `Resolved LMCache MP geometry: ...` through LMCache's logger once per TP worker and once for
+the scheduler, the scheduler's chunk check (a misfit -> `ValueError: LMCache chunk size 256 must be a multiple of
+group 0 tokens_per_block 1152`, lmcache_mp_connector.py:812-820), each worker's KV registration, then serving. Start-up
+failures log `EngineCore failed to start.` with the traceback (vllm v1/engine/core.py:1584) and the API server's
+`RuntimeError` (v1/engine/utils.py:1473-1476), and the stand-in exits 1 with one line. The HTTP port is bound first so
+a taken port fails at once; until the engine is ready every route answers 503. If the server stops answering while
+serving, the request gets a 500 and the stand-in exits 1 naming the server: a dead sidecar must not look healthy.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -21,22 +27,19 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from glm53.chunks import required_alignment
 from glm53.errors import EXIT_FAILURE, Glm53Error
-from glm53.mock import model, openai_api
-from glm53.mock.connector import ConnectorConfig
-from glm53.mock.engine import Engine, EngineSettings, Outcome
-from glm53.mock.lmcache_client import LMCacheClient, LMCacheRefused, LMCacheUnavailable
-from glm53.mock.loglines import VllmLogger
+from glm53.mock import logs, model, openai_api, render
+from glm53.mock.connector import ConnectorConfig, KVEventsConfig
+from glm53.mock.engine import Engine, EngineSettings, EventSink, Outcome
+from glm53.mock.local_cache import LocalPrefixCache
+from glm53.mock.logs import VLLM_VERSION, VllmLogger
 from glm53.mock.model import ComputeCost
 from glm53.mock.runtime import JsonHandler, MockHTTPServer, bind_http, serve_in_background, stop_on_signals
-from glm53.mock.store import ChunkStore
 from glm53.mock.vllm_metrics import VllmMetrics
 from glm53.profiles import ModelProfile
 
-VLLM_VERSION = "0.33.0"
 DEFAULT_LOCAL_CACHE_TOKENS = 262_144
-# While serving, a silent LMCache server costs at most this long per request before it is skipped.
-SERVING_TIMEOUT = 5.0
-LOAD_SHARDS = 4
+# While serving, an LMCache RPC that takes longer than this means the server is gone (start-up uses mq_timeout).
+SERVING_TIMEOUT = 10.0
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
 
 
@@ -48,6 +51,7 @@ class VllmConfig:
     port: int
     tensor_parallel_size: int
     enable_prefix_caching: bool | None
+    enable_prompt_tokens_details: bool
     connector: ConnectorConfig
     served_model_name: str
     load_seconds: float
@@ -56,13 +60,15 @@ class VllmConfig:
     max_model_len: int
     num_gpu_blocks_override: int | None
     cost: ComputeCost
+    kv_events: KVEventsConfig | None = None  # from `--kv-events-config`; None: no events
+    enable_scale_out: bool = False  # `--enable-scale-out`: serve the render endpoints (glm53.mock.render)
     non_default_args: dict[str, Any] = field(default_factory=dict)
 
 
 def unified_block_size(profile: ModelProfile, tensor_parallel_size: int) -> int:
     """N for this TP size: the measured value, else the measured one scaled by TP (a made-up but stable stand-in).
 
-    Real N can change with TP and must be re-read from vLLM's log; the mock only needs it deterministic.
+    Real N can change with TP and must be re-read from vLLM's log; the stand-in only needs it deterministic.
     """
     measured = profile.unified_block_size(tensor_parallel_size)
     if measured is not None:
@@ -76,6 +82,14 @@ def engine_groups(profile: ModelProfile, tensor_parallel_size: int) -> tuple[int
     return profile.expected_groups(n)
 
 
+def chunk_misfit(chunk_size: int, groups: tuple[int, ...]) -> str | None:
+    """The scheduler-side connector's refusal (lmcache_mp_connector.py:812-820) for the first misfit group, or None."""
+    for index, tokens in enumerate(groups):
+        if tokens and chunk_size % tokens:
+            return f"LMCache chunk size {chunk_size} must be a multiple of group {index} tokens_per_block {tokens}"
+    return None
+
+
 class _Pids:
     """Made-up pids for the simulated processes, distinct per process as in a real vLLM log."""
 
@@ -87,10 +101,19 @@ class _Pids:
         return _Pids.api + 2 + rank
 
 
+class StartupFailed(Glm53Error):
+    """The engine did not start; the log already holds vLLM's lines, this is the one-line summary."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"EngineCore failed to start: {reason}", EXIT_FAILURE)
+
+
 class VllmServer:
     def __init__(self, config: VllmConfig) -> None:
         self.config = config
         self.ready = threading.Event()
+        self.stop = threading.Event()
+        self.lost: Glm53Error | None = None
         self.engine: Engine | None = None
         self.metrics: VllmMetrics | None = None
         self.api_log = VllmLogger("APIServer", _Pids.api)
@@ -99,113 +122,113 @@ class VllmServer:
     def worker_log(self, rank: int) -> VllmLogger:
         return VllmLogger(f"Worker_TP{rank}", _Pids.worker(rank))
 
-    def start_engine(self, stop: threading.Event) -> int | None:
-        """Load, hand-shake with LMCache and build the engine; an exit status if start-up failed or was stopped."""
+    def server_lost(self, error: Glm53Error) -> None:
+        """Called by the engine when LMCache stops answering: report once, then stop serving."""
+        if self.lost is None:
+            self.lost = error
+            self.engine_log.error(logs.ENGINE_FATAL, "EngineCore encountered a fatal error.\n%s", error.message)
+        self.stop.set()
+
+    def _fail(self, error: Exception) -> StartupFailed:
+        """Log the failure the way vLLM does (traceback through its formatter, then the API server's error)."""
+        try:
+            raise error
+        except Exception:
+            self.engine_log.exception(logs.ENGINE_FAILED, "EngineCore failed to start.")
+        sys.stdout.write(
+            "RuntimeError: Engine core initialization failed. See root cause above. "
+            "Failed core proc(s): {'EngineCore_DP0': 1}\n"
+        )
+        sys.stdout.flush()
+        return StartupFailed(f"{type(error).__name__}: {error}")
+
+    def start_engine(self) -> bool:
+        """Load, connect to LMCache and build the engine; False if a stop signal came first."""
         c, p = self.config, self.config.profile
-        self.api_log.info("api_server.py:1870", f"vLLM API server version {VLLM_VERSION}")
-        self.api_log.info("utils.py:328", f"non-default args: {c.non_default_args}")
-        self.api_log.info("model.py:562", f"Resolved architecture: {p.architecture}")
+        self.api_log.info(logs.BANNER, "vLLM server version %s, serving model %s", VLLM_VERSION, c.model)
+        self.api_log.info(logs.NON_DEFAULT_ARGS, "non-default args: %s", c.non_default_args)
         prefix_caching = c.enable_prefix_caching
         if prefix_caching is None:
             prefix_caching = not p.follows_unified_block_size  # vLLM leaves it off by default for hybrid models
-        if p.follows_unified_block_size and not prefix_caching:
-            self.api_log.error(
-                "lmcache_mp_connector.py:402",
-                f"ValueError: {p.display_name} is a hybrid (Mamba / linear-attention) model and LMCacheMPConnector "
-                "needs per-block state snapshots: pass --enable-prefix-caching.",
-            )
-            return EXIT_FAILURE
         groups = engine_groups(p, c.tensor_parallel_size)
         block_size = required_alignment(groups)
         if p.follows_unified_block_size:
             self.api_log.info(
-                "config.py:228",
-                f"Setting attention block size to {block_size} tokens to ensure that attention page size is >= "
-                "mamba page size.",
+                logs.ATTENTION_BLOCK,
+                "Setting attention block size to %d tokens to ensure that attention page size is >= mamba page size.",
+                block_size,
             )
         self.engine_log.info(
-            "core.py:93",
-            f"Initializing a V1 LLM engine (v{VLLM_VERSION}) with config: model='{c.model}', "
-            f"tensor_parallel_size={c.tensor_parallel_size}, enable_prefix_caching={prefix_caching}, "
-            f"kv_transfer_config=LMCacheMPConnector",
+            logs.ENGINE_INIT,
+            "Initializing a V1 LLM engine (v%s) with config: %s",
+            VLLM_VERSION,
+            f"model='{c.model}', tensor_parallel_size={c.tensor_parallel_size}, "
+            f"enable_prefix_caching={prefix_caching}, kv_transfer_config=LMCacheMPConnector",
         )
         if c.fault is not None:
-            self.engine_log.warning("core.py:101", f"Mock fault injected: {c.fault}")
-        if not self._load(stop):
-            return 0
-        client = LMCacheClient(
-            c.connector.url, min(c.connector.mq_timeout, SERVING_TIMEOUT), c.connector.heartbeat_interval
-        )
-        chunk_size = self._register(client, groups, stop)
-        if chunk_size is None:
-            client.close()
-            return 0 if stop.is_set() else EXIT_FAILURE
-        for rank in range(c.tensor_parallel_size):
-            self.worker_log(rank).info(
-                "lmcache_mp_connector.py:668",
-                f"Resolved LMCache MP geometry: group_tokens_per_block={list(groups)}, "
-                f"scheduler_block_size={block_size}, cache_model_name={c.model}",
-            )
-        capacity = c.num_gpu_blocks_override or DEFAULT_LOCAL_CACHE_TOKENS // block_size
-        local = ChunkStore(capacity if prefix_caching else 0, "LRU")
-        self.metrics = VllmMetrics(c.served_model_name, lambda: local.used_bytes / capacity)
-        noise_sd = 0.0 if p.bit_exact_outputs else model.NOISE_SD
-        settings = EngineSettings(
-            block_size, chunk_size, p.strict_prefix, c.fault, c.seed, c.cost, model.BYTES_PER_TOKEN[p.name], noise_sd
-        )
-        self.engine = Engine(settings, local, client, self.metrics)
-        self.engine_log.info("kv_cache_utils.py:1087", f"GPU KV cache size: {capacity * block_size:,} tokens")
-        return None
-
-    def _load(self, stop: threading.Event) -> bool:
-        """The simulated weight load; False if a stop signal arrived meanwhile."""
+            print(f"glm53 mock: fault injected: {c.fault}", flush=True)
         started = time.monotonic()
-        log = self.worker_log(0)
-        for shard in range(1, LOAD_SHARDS + 1):
-            if stop.wait(self.config.load_seconds / LOAD_SHARDS):
-                return False
-            log.info(
-                "default_loader.py:291",
-                f"Loading safetensors checkpoint shards: {100 * shard // LOAD_SHARDS}% Completed | "
-                f"{shard}/{LOAD_SHARDS}",
-            )
-        elapsed = time.monotonic() - started
-        for rank in range(self.config.tensor_parallel_size):
-            self.worker_log(rank).info("default_loader.py:322", f"Loading weights took {elapsed:.2f} seconds")
-        return True
-
-    def _register(self, client: LMCacheClient, groups: tuple[int, ...], stop: threading.Event) -> int | None:
-        """Each TP rank registers its KV caches; the server's chunk size, or None if stopped or start-up failed."""
-        c = self.config
-        chunk_size = None
+        if self.stop.wait(c.load_seconds):
+            return False
         for rank in range(c.tensor_parallel_size):
-            message = {"op": "register", "model": c.model, "rank": rank, "world_size": c.tensor_parallel_size}
-            try:
-                reply = client.request(
-                    {**message, "group_tokens_per_block": list(groups)}, c.connector.mq_timeout, stop
-                )
-            except LMCacheUnavailable:
-                if stop.is_set():
-                    return None
-                self.worker_log(rank).error(
-                    "vllm_multi_process_adapter.py:316",
-                    f"ConnectionError: Cannot reach the LMCache MP server at '{client.url}' within "
-                    f"{c.connector.mq_timeout}s.",
-                )
-                self._engine_failed()
-                return None
-            except LMCacheRefused as error:
-                self.worker_log(rank).error("vllm_multi_process_adapter.py:781", f"ValueError: {error}")
-                self._engine_failed()
-                return None
-            chunk_size = int(reply["chunk_size"])
-        return chunk_size
+            self.worker_log(rank).info(logs.LOAD_DONE, "Loading weights took %.2f seconds", time.monotonic() - started)
+        self.engine = self._connect(groups, block_size, prefix_caching)
+        return self.engine is not None
 
-    def _engine_failed(self) -> None:
-        self.engine_log.error("core.py:708", "EngineCore failed to start.")
-        self.api_log.error(
-            "api_server.py:1511", "RuntimeError: Engine core initialization failed. See root cause above."
+    def _connect(self, groups: tuple[int, ...], block_size: int, prefix_caching: bool) -> Engine | None:
+        """The engine with its LMCache connection, or None if a stop signal came first."""
+        try:
+            from glm53.mock.kv_client import KVClient, KVLayout, ServerLost, Stopped  # torch + LMCache: pod extra
+        except ImportError as error:
+            raise Glm53Error(
+                f"the engine stand-in talks to LMCache through LMCache's own client, which is not installed "
+                f"({error}); install the pod extra: pip install -e '.[pod]'",
+                EXIT_FAILURE,
+            ) from None
+        c = self.config
+        kv = KVClient(c.connector.url, SERVING_TIMEOUT, self.stop)
+        try:
+            try:
+                chunk_size = kv.chunk_size(c.connector.mq_timeout)
+            except ServerLost:
+                # vllm_multi_process_adapter.py:305-318 (_raise_server_unreachable), first line of its message.
+                raise self._fail(
+                    ConnectionError(
+                        f"Cannot reach the LMCache MP server at '{c.connector.url}' within {c.connector.mq_timeout}s."
+                    )
+                ) from None
+            for _ in range(c.tensor_parallel_size + 1):  # each worker, then the scheduler (connector:668)
+                logs.log_geometry(list(groups), block_size, c.model)
+            misfit = chunk_misfit(chunk_size, groups)
+            if misfit is not None:
+                raise self._fail(ValueError(misfit))
+            layout = KVLayout(c.model, c.tensor_parallel_size, groups, block_size, c.max_model_len)
+            try:
+                kv.register(layout)
+            except ServerLost as error:
+                raise self._fail(ConnectionError(error.message)) from None
+        except Stopped:
+            kv.close()
+            return None
+        except BaseException:
+            kv.close()
+            raise
+        capacity = c.num_gpu_blocks_override or DEFAULT_LOCAL_CACHE_TOKENS // block_size
+        local = LocalPrefixCache(capacity if prefix_caching else 0)
+        self.metrics = VllmMetrics(c.served_model_name, lambda: len(local) / capacity)
+        noise_sd = 0.0 if c.profile.bit_exact_outputs else model.NOISE_SD
+        settings = EngineSettings(
+            block_size, groups, chunk_size, c.profile.strict_prefix, c.fault, c.seed, c.cost, noise_sd
         )
+        return Engine(settings, local, kv, self.metrics, self.server_lost, self._event_publisher())
+
+    def _event_publisher(self) -> EventSink | None:
+        """vLLM's ZMQ KV-event publisher when `--kv-events-config` enables it (vllm/distributed/kv_events.py)."""
+        if self.config.kv_events is None:
+            return None
+        from glm53.mock import kv_events  # msgspec: the pod extra
+
+        return kv_events.KVEventPublisher(self.config.kv_events)
 
 
 def _handler(server: VllmServer) -> type[JsonHandler]:
@@ -218,9 +241,9 @@ def _handler(server: VllmServer) -> type[JsonHandler]:
             return parts.path, parse_qs(parts.query)
 
         def _not_ready(self) -> bool:
-            if server.ready.is_set():
+            if server.ready.is_set() and server.lost is None:
                 return False
-            self.send_json(503, {"error": {"message": "the engine is still starting", "code": 503}})
+            self.send_json(503, {"error": {"message": "the engine is not serving", "code": 503}})
             return True
 
         def do_GET(self) -> None:
@@ -254,16 +277,31 @@ def _handler(server: VllmServer) -> type[JsonHandler]:
             elif path in ("/v1/completions", "/v1/chat/completions"):
                 if not self._not_ready():
                     self._complete(body, chat=path.endswith("chat/completions"))
+            elif path in ("/v1/completions/render", "/v1/chat/completions/render"):
+                if not self._not_ready():
+                    self._render(body, chat=path.startswith("/v1/chat/"))
             else:
                 self.send_json(404, {"detail": "Not Found"})
 
         def _reset(self, query: dict[str, list[str]]) -> None:
             assert server.engine is not None
+            server.api_log.info(logs.RESET, "Resetting prefix cache...")
             server.engine.reset_local()
             external = query.get("reset_external", ["false"])[0].lower() == "true"
-            server.api_log.info("api_server.py:1102", f"Resetting prefix cache (reset_external={external})")
             success = server.engine.reset_external() if external else True
             self.send_json(200, {"success": success})
+
+        def _render(self, body: bytes, chat: bool) -> None:
+            try:
+                if not config.enable_scale_out:
+                    raise render.SCALE_OUT_DISABLED
+                rendered = render.render(
+                    _json(body), chat, config.served_model_name, config.max_model_len, self.headers.get("X-Request-Id")
+                )
+            except openai_api.ApiError as error:
+                self.send_json(error.status, error.body())
+                return
+            self.send_json(200, rendered)
 
         def _complete(self, body: bytes, chat: bool) -> None:
             assert server.engine is not None
@@ -272,23 +310,28 @@ def _handler(server: VllmServer) -> type[JsonHandler]:
             except openai_api.ApiError as error:
                 self.send_json(error.status, error.body())
                 return
-            if not request.stream:
-                self.send_json(200, openai_api.response(request, server.engine.run(request.prompt)))
-                return
-            self._stream(request)
+            try:
+                if not request.stream:
+                    outcome = server.engine.run(request.prompt)
+                    details = config.enable_prompt_tokens_details
+                    self.send_json(200, openai_api.response(request, outcome, details))
+                    return
+                self._stream(request)
+            except Glm53Error as error:
+                self.send_json(500, openai_api.ApiError(500, error.message, "InternalServerError").body())
 
         def _stream(self, request: openai_api.ApiRequest) -> None:
             assert server.engine is not None
-            self.close_connection = True
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Connection", "close")
-            self.end_headers()
             events: list[dict[str, Any]] = []
 
             def on_token(outcome: Outcome, index: int) -> None:
                 if not events:
-                    events.extend(openai_api.stream_events(request, outcome))
+                    self.close_connection = True
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    events.extend(openai_api.stream_events(request, outcome, config.enable_prompt_tokens_details))
                 self._event(events[index])
 
             outcome = server.engine.run(request.prompt, on_token)
@@ -313,22 +356,27 @@ def _json(body: bytes) -> Any:
 def serve(config: VllmConfig) -> int:
     if config.load_seconds < 0:
         raise Glm53Error(f"--load-seconds must be >= 0, got {config.load_seconds}")
-    stop = stop_on_signals()
     server = VllmServer(config)
+    signalled = stop_on_signals()
+
+    def relay() -> None:
+        signalled.wait()
+        server.stop.set()
+
+    threading.Thread(target=relay, daemon=True).start()
     http: MockHTTPServer = bind_http("vLLM API server", config.host, config.port, _handler(server), "--port")
     serve_in_background(http)
     try:
-        status = server.start_engine(stop)
-        if status is not None:
-            return status
+        if not server.start_engine():
+            return 0
         server.ready.set()
-        server.api_log.info("api_server.py:1912", f"Starting vLLM API server 0 on http://{config.host}:{config.port}")
-        server.api_log.info("launcher.py:44", "Application startup complete.")
-        stop.wait()
-        server.api_log.info("launcher.py:80", "Shutting down FastAPI HTTP server.")
+        server.api_log.info(logs.SERVER_STARTED, "Starting vLLM server on %s", f"http://{config.host}:{config.port}")
+        server.stop.wait()
+        if server.lost is not None:
+            raise server.lost
         return 0
     finally:
         http.shutdown()
         http.server_close()
         if server.engine is not None:
-            server.engine.client.close()
+            server.engine.close()
