@@ -5,10 +5,11 @@ re-read the log its cost would grow with the pod's age and eventually exceed Pro
 exporter's follower keeps its position in memory, so only the first scrape pays for the backlog.
 
 What is measured (on this machine, printed with the numbers):
-1. a vLLM log of --log-gib GiB (default 1): the GLM-5.3-Flash TP 4 start-up lines, then realistic periodic stats and
-   access-log lines; the LMCache server's log beside it;
-2. two live upstreams on loopback: HTTP servers serving vLLM- and LMCache-shaped metrics pages, produced by the mock
-   servers' own metric registries with traffic recorded (so the exporter parses pages of realistic size);
+1. a vLLM log of --log-gib GiB (default 1): the healthy GLM-5.3-Flash TP 4 start of examples/logs/, then realistic
+   periodic stats and access-log lines; that example's LMCache server log beside it;
+2. two live upstreams on loopback: HTTP servers serving a vLLM-shaped page (the vLLM stand-in's registry with traffic
+   recorded) and the page the released `lmcache server` produced (tests/exporter/fixtures/lmcache-metrics.prom), so
+   the exporter parses pages of realistic size;
 3. `glm53 exporter` started as its own process; the first scrape (which reads the whole backlog) timed by a client
    over HTTP, then --scrapes scrapes, each after appending about 100 new log lines; median, p95 and max of those, their
    ratio to the 50 ms target, and the exporter's own `glm53_scrape_duration_seconds`. The run also checks that the
@@ -35,32 +36,20 @@ from pathlib import Path
 from prometheus_client import Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from glm53.mock.lmcache_metrics import LMCacheMetrics
 from glm53.mock.runtime import serving_on_loopback
-from glm53.mock.store import ChunkStore
 from glm53.mock.vllm_metrics import LABELS, VllmMetrics
 
 TARGET_SECONDS = 0.050
 MODEL = "zai-org/GLM-5.3-Flash"
-GEOMETRY = (
-    "Resolved LMCache MP geometry: group_tokens_per_block=[1152, 1152, 1152, 1152, 1152, 0], "
-    "scheduler_block_size=1152, cache_model_name=zai-org/GLM-5.3-Flash"
-)
-BLOCK_SIZE = "Setting attention block size to 1152 tokens to ensure that attention page size is >= mamba page size."
+REPO = Path(__file__).resolve().parents[1]
+HEALTHY_START = REPO / "examples" / "logs" / "glm53-flash" / "healthy"
+LMCACHE_PAGE = REPO / "tests" / "exporter" / "fixtures" / "lmcache-metrics.prom"
 STATS = (
     "(APIServer pid=1) INFO 11-29 {stamp} [loggers.py:257] Engine 000: Avg prompt throughput: 8507.0 tokens/s, "
     "Avg generation throughput: 31.2 tokens/s, Running: 1 reqs, Waiting: 0 reqs, GPU KV cache usage: 3.2%, "
     "Prefix cache hit rate: 48.1%, External prefix cache hit rate: 47.4%\n"
 )
 ACCESS = '(APIServer pid=1) INFO:     127.0.0.1:{port} - "POST /v1/completions HTTP/1.1" 200 OK\n'
-
-
-def startup_lines() -> str:
-    lines = ["(APIServer pid=1) INFO 11-29 07:00:01 [api_server.py:1880] vLLM API server version 0.33.0"]
-    workers = [f"(Worker_TP{rank} pid={53 + rank}) INFO 11-29" for rank in range(4)]
-    lines += [f"{worker} 07:00:20 [config.py:228] {BLOCK_SIZE}" for worker in workers]
-    lines += [f"{worker} 07:02:11 [lmcache_mp_connector.py:668] {GEOMETRY}" for worker in workers]
-    return "\n".join(lines) + "\n"
 
 
 def traffic_lines(count: int, second: int) -> str:
@@ -72,7 +61,7 @@ def traffic_lines(count: int, second: int) -> str:
 def write_log(path: Path, size: int) -> None:
     block = traffic_lines(40_000, 30).encode()
     with path.open("wb") as handle:
-        handle.write(startup_lines().encode())
+        handle.write((HEALTHY_START / "vllm.log").read_bytes())
         while handle.tell() + len(block) <= size:
             handle.write(block)
 
@@ -109,14 +98,6 @@ def vllm_page() -> bytes:
         metrics.e2e.observe(0.5 + request / 100)
         for histogram in extra:
             histogram.observe(request * 37 % 9000)
-    return generate_latest(metrics.registry)
-
-
-def lmcache_page() -> bytes:
-    metrics = LMCacheMetrics(ChunkStore(100 * 1024**3, "LRU"))
-    for _ in range(200):
-        metrics.record_lookup(requested_tokens=8064, hit_tokens=8064, hit_chunks=7)
-        metrics.record_store(written=7, evicted=0)
     return generate_latest(metrics.registry)
 
 
@@ -177,14 +158,12 @@ def run(workdir: Path, log_bytes: int, scrapes: int) -> None:
     vllm_log, lmcache_log = workdir / "vllm.log", workdir / "lmcache.log"
     started = time.perf_counter()
     write_log(vllm_log, log_bytes)
-    lmcache_log.write_text(
-        "[2026-11-29 07:00:00,512] LMCache INFO: LMCache MP server listening on tcp://127.0.0.1:5555 (server.py:211)\n"
-    )
+    shutil.copy(HEALTHY_START / "lmcache.log", lmcache_log)
     print(f"log: {vllm_log.stat().st_size / 1024**3:.3f} GiB written in {time.perf_counter() - started:.1f} s")
-    vllm_text, lmcache_text = vllm_page(), lmcache_page()
+    vllm_text, lmcache_text = vllm_page(), LMCACHE_PAGE.read_bytes()
     print(f"upstream pages: vLLM {len(vllm_text)} bytes, LMCache {len(lmcache_text)} bytes")
     with serving(vllm_text) as vllm_url, serving(lmcache_text) as lmcache_url:
-        args = ["--log", str(vllm_log), "--log", str(lmcache_log), "--profile", "glm53-flash"]
+        args = ["--log", str(vllm_log), "--log", str(lmcache_log), "--profile", "glm53-flash", "--chunk-size", "1152"]
         args += ["--vllm-url", vllm_url, "--lmcache-url", lmcache_url]
         with exporter(args) as url:
             first, samples = scrape(url)

@@ -53,6 +53,14 @@ def parse_positive(text: str, what: str) -> int:
     return int(stripped)
 
 
+def parse_non_negative(text: str, what: str) -> int:
+    """A whole number >= 0 given as text, or a one-line error naming `what` and the text."""
+    stripped = text.strip()
+    if not _is_decimal(stripped):
+        raise Glm53Error(f"{what} must be a whole number >= 0, got {text!r}")
+    return int(stripped)
+
+
 def parse_groups(text: str) -> tuple[int, ...]:
     """Comma-separated tokens_per_block values as the geometry line lists them (`1152,1152,1152,1152,1152,0`)."""
     values = []
@@ -70,6 +78,19 @@ def served_tokens(prompt_tokens: int, chunk_size: int, strict_prefix: bool) -> i
     require_positive(chunk_size, "chunk size")
     lookup_tokens = prompt_tokens - 1 if strict_prefix else prompt_tokens
     return (lookup_tokens // chunk_size) * chunk_size
+
+
+def loaded_tokens(prompt_tokens: int, chunk_size: int, strict_prefix: bool) -> int:
+    """Tokens vLLM loads from LMCache (its external hit) for an L-token prompt LMCache holds in whole chunks.
+
+    What LMCache serves, except on a full-prompt hit (single-group models at L = k*C), where the connector loads one
+    token fewer so vLLM recomputes the last one for the logits: 255 of 256. Strict-prefix lookups never hit in full.
+    """
+    # lmcache 0.5.6 lmcache/integration/vllm/lmcache_mp_connector.py:1341-1346: `if ret == len(request.all_token_ids):
+    # need_to_load = max(0, need_to_load - 1)`; vllm 0.33.0 resolves LMCacheMPConnector to that class
+    # (vllm/distributed/kv_transfer/kv_connector/v1/lmcache_mp_connector.py:1185-1217).
+    served = served_tokens(prompt_tokens, chunk_size, strict_prefix)
+    return served - 1 if served == prompt_tokens else served
 
 
 def coverage(prompt_tokens: int, chunk_size: int, strict_prefix: bool = False) -> Coverage:
@@ -113,41 +134,83 @@ def is_valid_chunk_size(chunk_size: int, groups: Sequence[int]) -> bool:
     return chunk_size > 0 and chunk_size % required_alignment(groups) == 0
 
 
+# What one chunk costs beyond its tokens, in tokens of prefill it would have to save to pay for itself: LMCache hashes
+# one key per whole chunk (lmcache 0.5.6 lmcache/v1/multiprocess/token_hasher.py:222-229, a rolling hash per
+# `chunk_size` tokens), looks each key up, and keeps one stored object with its metadata per chunk. Halving the chunk
+# doubles all three per token. The figure is an assumption, not a measurement: `--chunk-overhead-tokens` changes it.
+DEFAULT_CHUNK_OVERHEAD_TOKENS = 16
+
+
 @dataclass(frozen=True)
 class Recommendation:
-    """One candidate chunk size and the share of all prompt tokens it would serve over a workload."""
+    """One candidate chunk size over a workload: what it serves, what its chunks cost, and whether it was validated."""
 
     chunk_size: int
     served_tokens: int
     total_tokens: int
     prompts_with_hit: int
     prompts: int
+    chunks: int  # whole chunks over all prompts: one key hashed, looked up and stored for each
+    chunk_overhead_tokens: int
+    validated: bool
 
     @property
     def served_share(self) -> float:
         return self.served_tokens / self.total_tokens
 
+    @property
+    def overhead_tokens(self) -> int:
+        return self.chunks * self.chunk_overhead_tokens
 
-def candidate_chunk_sizes(groups: Sequence[int], longest_prompt: int, limit: int = 16) -> list[int]:
-    """Multiples of the alignment up to the longest prompt (at most `limit` of them, at least one)."""
+    @property
+    def net_tokens(self) -> int:
+        """Served tokens minus what the chunks cost: the figure sizes are ranked by after validation."""
+        return self.served_tokens - self.overhead_tokens
+
+
+def candidate_chunk_sizes(
+    groups: Sequence[int], longest_prompt: int, limit: int = 16, validated: Iterable[int] = ()
+) -> list[int]:
+    """Multiples of the alignment up to the longest prompt (at most `limit`, at least one) and the valid `validated`."""
     alignment = required_alignment(groups)
     count = max(1, min(limit, longest_prompt // alignment))
-    return [alignment * k for k in range(1, count + 1)]
+    multiples = {alignment * k for k in range(1, count + 1)}
+    return sorted(multiples | {size for size in validated if is_valid_chunk_size(size, groups)})
 
 
 def recommend(
-    prompt_lengths: Iterable[int], groups: Sequence[int], strict_prefix: bool, limit: int = 16
+    prompt_lengths: Iterable[int],
+    groups: Sequence[int],
+    strict_prefix: bool,
+    limit: int = 16,
+    validated: Sequence[int] = (),
+    chunk_overhead_tokens: int = DEFAULT_CHUNK_OVERHEAD_TOKENS,
 ) -> list[Recommendation]:
-    """Every valid chunk size ranked by the share of prompt tokens it serves over the workload, best first.
+    """Every valid chunk size ranked best first: validated sizes first, then by net tokens, then the smaller size.
 
-    Ties go to the smaller chunk: it wastes less of each prompt's tail and stores finer-grained entries.
+    Validated sizes lead because a size nobody ran may break what the arithmetic cannot see (the seeds validated
+    GLM-5.3 at 256 and 1024, never at 64). Within each class the net tokens decide: a smaller chunk serves more of each
+    prompt's tail but pays per-chunk lookups and metadata on every token, so the smallest size no longer wins by
+    default. Ties go to the smaller chunk, which wastes less of each tail.
     """
     lengths = [require_positive(length, "prompt length") for length in prompt_lengths]
     if not lengths:
         raise Glm53Error("the prompt-length distribution is empty; give at least one prompt length")
+    if (
+        isinstance(chunk_overhead_tokens, bool)
+        or not isinstance(chunk_overhead_tokens, int)
+        or chunk_overhead_tokens < 0
+    ):
+        raise Glm53Error(f"the per-chunk overhead must be a whole number of tokens >= 0, got {chunk_overhead_tokens!r}")
     total = sum(lengths)
     results = []
-    for chunk in candidate_chunk_sizes(groups, max(lengths), limit):
+    for chunk in candidate_chunk_sizes(groups, max(lengths), limit, validated):
         served = [served_tokens(length, chunk, strict_prefix) for length in lengths]
-        results.append(Recommendation(chunk, sum(served), total, sum(1 for s in served if s > 0), len(lengths)))
-    return sorted(results, key=lambda r: (-r.served_tokens, r.chunk_size))
+        chunks = sum(length // chunk for length in lengths)
+        hits = sum(1 for s in served if s > 0)
+        results.append(
+            Recommendation(
+                chunk, sum(served), total, hits, len(lengths), chunks, chunk_overhead_tokens, chunk in validated
+            )
+        )
+    return sorted(results, key=lambda r: (not r.validated, -r.net_tokens, r.chunk_size))

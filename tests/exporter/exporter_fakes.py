@@ -7,7 +7,9 @@ see modules with the same name.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -18,10 +20,12 @@ import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, ClassVar
 
+from prometheus_client import Counter, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
@@ -36,37 +40,53 @@ FIXTURES = Path(__file__).parent / "fixtures"
 VLLM_URL = "http://vllm.test/metrics"
 LMCACHE_URL = "http://lmcache.test/metrics"
 
+MODEL = "zai-org/GLM-5.3-Flash"
+
+
+def vllm_page(queries: float, hits: float, external_queries: float, external_hits: float) -> str:
+    """vLLM 0.33's prefix-cache counters as its PrometheusStatLogger builds them: prometheus_client Counters named as in
+    vllm/v1/metrics/loggers.py:661-706, labelled model_name and engine (loggers.py:499), so each also has `_created`."""
+    registry = CollectorRegistry()
+    for name, documentation, value in (
+        ("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", queries),
+        ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", hits),
+        ("vllm:external_prefix_cache_queries", "External prefix cache queries from KV connector.", external_queries),
+        ("vllm:external_prefix_cache_hits", "External prefix cache hits from KV connector.", external_hits),
+    ):
+        Counter(name, documentation, ["model_name", "engine"], registry=registry).labels(MODEL, "0").inc(value)
+    return generate_latest(registry).decode()
+
+
 # The seed's validation: an 8507-token prompt sent cold, the local prefix cache reset, then sent again; LMCache served
 # 8064 tokens the second time (floor((8507-1)/1152)*1152). vLLM's counters after the two requests:
-VLLM_PAGE = """\
-# HELP vllm:prefix_cache_queries_total Prefix cache queries, in tokens
-# TYPE vllm:prefix_cache_queries_total counter
-vllm:prefix_cache_queries_total{engine="0",model_name="zai-org/GLM-5.3-Flash"} 17014.0
-# HELP vllm:prefix_cache_hits_total Prefix cache hits, in tokens
-# TYPE vllm:prefix_cache_hits_total counter
-vllm:prefix_cache_hits_total{engine="0",model_name="zai-org/GLM-5.3-Flash"} 0.0
-# HELP vllm:external_prefix_cache_queries_total External prefix cache queries, in tokens
-# TYPE vllm:external_prefix_cache_queries_total counter
-vllm:external_prefix_cache_queries_total{engine="0",model_name="zai-org/GLM-5.3-Flash"} 17014.0
-# HELP vllm:external_prefix_cache_hits_total External prefix cache hits, in tokens
-# TYPE vllm:external_prefix_cache_hits_total counter
-vllm:external_prefix_cache_hits_total{engine="0",model_name="zai-org/GLM-5.3-Flash"} 8064.0
-"""
-# LMCache's side of the same two lookups: each requested its strict-prefix bound of 8064 tokens, the second hit it all.
-LMCACHE_PAGE = """\
-# HELP lmcache_mp_lookup_requested_tokens_total Chunk-aligned tokens submitted for lookup
-# TYPE lmcache_mp_lookup_requested_tokens_total counter
-lmcache_mp_lookup_requested_tokens_total{model_name="zai-org/GLM-5.3-Flash",cache_salt=""} 16128.0
-# HELP lmcache_mp_lookup_hit_tokens_total Tokens of the contiguous prefix hit
-# TYPE lmcache_mp_lookup_hit_tokens_total counter
-lmcache_mp_lookup_hit_tokens_total{model_name="zai-org/GLM-5.3-Flash",cache_salt=""} 8064.0
-# HELP lmcache_mp_l1_memory_usage_bytes Bytes currently held in L1 cache
-# TYPE lmcache_mp_l1_memory_usage_bytes gauge
-lmcache_mp_l1_memory_usage_bytes 6.291456e+06
-# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.
-# TYPE process_start_time_seconds gauge
-process_start_time_seconds 1.7963e+09
-"""
+VLLM_PAGE = vllm_page(17014, 0, 17014, 8064)
+# LMCache's side, from the real server (see real_lmcache.py): two lookups of 8064 chunk-aligned tokens, one hit.
+LMCACHE_PAGE = (FIXTURES / "lmcache-metrics.prom").read_text(encoding="utf-8")
+
+
+def with_value(page: str, sample: str, value: float) -> str:
+    """`page` with every sample line of `sample` (any labels) set to `value`: a later scrape of the same upstream."""
+    return re.sub(rf"^({re.escape(sample)}(?:{{[^}}]*}})?) \S+$", rf"\g<1> {value!r}", page, flags=re.MULTILINE)
+
+
+def geometry_lines(groups: list[int], scheduler_block_size: int, at: datetime, count: int) -> str:
+    """`count` geometry lines exactly as LMCache's connector logs them (scheduler + each TP worker print one): the
+    message of lmcache 0.5.6 lmcache/integration/vllm/lmcache_mp_connector.py:667-673, formatted by lmcache.logging's
+    own CustomFormatter (colour codes, no vLLM process tag), stamped `at`."""
+    from lmcache.logging import CustomFormatter  # imports lmcache (about 2 s): only the tests that write logs pay it
+
+    record = logging.LogRecord(
+        "lmcache.integration.vllm.lmcache_mp_connector",
+        logging.INFO,
+        "lmcache_mp_connector.py",
+        667,
+        "Resolved LMCache MP geometry: group_tokens_per_block=%s, scheduler_block_size=%d, cache_model_name=%s",
+        (groups, scheduler_block_size, MODEL),
+        None,
+    )
+    record.created, record.msecs = at.timestamp(), 0.0
+    line: str = CustomFormatter().format(record)  # lmcache is untyped here (ignore_missing_imports)
+    return (line + "\n") * count
 
 
 class FakeUpstreams:
@@ -84,11 +104,15 @@ class FakeUpstreams:
         return parse_exposition(page)
 
 
+# A healthy GLM-5.3-Flash TP 4 start (vLLM's log and the LMCache server's), shared with the probe's tests.
+HEALTHY_FLASH_LOGS = Path(__file__).resolve().parents[2] / "examples" / "logs" / "glm53-flash" / "healthy"
+
+
 def copy_logs(directory: Path) -> tuple[Path, Path]:
-    """Writable copies of the GLM-5.3-Flash TP 4 vLLM log and the negotiating LMCache server's log."""
+    """Writable copies of the healthy GLM-5.3-Flash TP 4 start: vLLM's log and the LMCache server's."""
     vllm, lmcache = directory / "vllm.log", directory / "lmcache.log"
-    shutil.copy(FIXTURES / "vllm-flash-tp4.log", vllm)
-    shutil.copy(FIXTURES / "lmcache-negotiating.log", lmcache)
+    shutil.copy(HEALTHY_FLASH_LOGS / "vllm.log", vllm)
+    shutil.copy(HEALTHY_FLASH_LOGS / "lmcache.log", lmcache)
     return vllm, lmcache
 
 

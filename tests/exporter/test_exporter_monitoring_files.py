@@ -1,6 +1,6 @@
 """The alert rules and the Grafana dashboard: valid YAML/JSON, PromQL that a real parser accepts, and only metric names
-that really exist: those the exporter serves (its own and the LMCache families it passes through) and those vLLM 0.33
-serves, taken from the mock servers' registries, which mirror the upstream names (see glm53.mock)."""
+that really exist: those the exporter serves (its own, and the LMCache families it passes through from a page the real
+`lmcache server` produced) and those vLLM 0.33 serves (the vLLM stand-in's registry, held to vLLM's real names)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,9 @@ from typing import Any
 import promql_parser
 import pytest
 import yaml
-from exporter_fakes import LMCACHE_URL, VLLM_URL, copy_logs, wired
+from exporter_fakes import LMCACHE_PAGE, LMCACHE_URL, MODEL, VLLM_PAGE, VLLM_URL, copy_logs, wired
 from prometheus_client import generate_latest
 
-from glm53.mock.lmcache_metrics import LMCacheMetrics
-from glm53.mock.store import ChunkStore
 from glm53.mock.vllm_metrics import VllmMetrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,22 +35,15 @@ def _sample_names(page: str) -> set[str]:
 
 @pytest.fixture(scope="module")
 def known_metrics(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
-    """Every sample name the exporter serves when fed the mocks' pages, plus vLLM's own (scraped directly)."""
-    vllm = VllmMetrics("zai-org/GLM-5.3-Flash", lambda: 0.0)
-    for counter, tokens in ((vllm.prefix_queries, 8507), (vllm.external_queries, 8507), (vllm.external_hits, 8064)):
-        counter.inc(tokens)  # ratios exist only once something was queried
-    lmcache = LMCacheMetrics(ChunkStore(1 << 30, "LRU"))
-    lmcache.record_lookup(requested_tokens=8064, hit_tokens=8064, hit_chunks=7)
-    vllm_page = generate_latest(vllm.registry).decode()
-    lmcache_page = generate_latest(lmcache.registry).decode()
-    with wired(list(copy_logs(tmp_path_factory.mktemp("logs"))), {VLLM_URL: vllm_page, LMCACHE_URL: lmcache_page}) as (
-        registry,
-        _,
-    ):
+    """Every sample name the exporter serves when fed LMCache's real page and vLLM's counters, plus vLLM's own names
+    (the stand-in's registry, whose names a conformance test holds to vLLM 0.33's)."""
+    vllm_names = _sample_names(generate_latest(VllmMetrics(MODEL, lambda: 0.0).registry).decode())
+    pages = {VLLM_URL: VLLM_PAGE, LMCACHE_URL: LMCACHE_PAGE}
+    with wired(list(copy_logs(tmp_path_factory.mktemp("logs"))), pages) as (registry, _):
         exporter = {sample.name for family in registry.collect() for sample in family.samples}
     # Sanity of the source: the log facts, the joined ratios and LMCache's passed-through families are all there.
-    assert {"glm53_geometry_info", "glm53_prefix_cache_hit_ratio", "lmcache_mp_l1_memory_usage_bytes"} <= exporter
-    return exporter | _sample_names(vllm_page)
+    assert {"glm53_geometry_info", "glm53_prefix_cache_hit_ratio", "lmcache_mp_l1_usage_ratio"} <= exporter
+    return exporter | vllm_names
 
 
 def _alert_rules() -> list[dict[str, Any]]:

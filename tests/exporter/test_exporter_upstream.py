@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
-from exporter_fakes import LMCACHE_PAGE, VLLM_PAGE, free_port, http_pages, silent_listener
+from exporter_fakes import FIXTURES, LMCACHE_PAGE, VLLM_PAGE, free_port, http_pages, silent_listener, with_value
+from real_lmcache import capture
 
 from glm53.errors import Glm53Error
 from glm53.exporter.upstream import (
@@ -70,11 +73,26 @@ def test_a_url_without_scheme_is_refused_with_a_sentence() -> None:
 def test_restart_evidence() -> None:
     before = parse_exposition(LMCACHE_PAGE)
     assert not restarted(before, before)
-    grown = parse_exposition(LMCACHE_PAGE.replace("16128.0", "20000.0"))
+    grown = parse_exposition(with_value(LMCACHE_PAGE, "lmcache_mp_lookup_requested_tokens_total", 20000.0))
     assert not restarted(before, grown)
     assert restarted(grown, before)  # a counter went backwards
-    new_process = parse_exposition(LMCACHE_PAGE.replace("1.7963e+09", "1.7964e+09"))
+    new_process = parse_exposition(with_value(LMCACHE_PAGE, "process_start_time_seconds", 1.7964e09))
     assert restarted(before, new_process)
     lines = LMCACHE_PAGE.splitlines(keepends=True)
     vanished = parse_exposition("".join(line for line in lines if "lookup_hit_tokens" not in line))
     assert restarted(before, vanished)
+
+
+def _lmcache_families(page: str) -> set[tuple[str, str]]:
+    return {(f.name, f.type) for f in parse_exposition(page).families if f.name.startswith("lmcache_")}
+
+
+@pytest.mark.slow
+def test_the_fixture_has_the_real_servers_families(tmp_path: Path) -> None:
+    """The released `lmcache server` still exposes exactly the families of `fixtures/lmcache-metrics.prom`, on its HTTP
+    port, with the seed's numbers after one bench request; if not, regenerate the fixture (fixtures/README.md)."""
+    page = capture(tmp_path)
+    assert _lmcache_families(page) == _lmcache_families((FIXTURES / "lmcache-metrics.prom").read_text())
+    snapshot = parse_exposition(page)
+    assert snapshot.total("lmcache_mp_lookup_requested_tokens_total") == 2 * 8064
+    assert snapshot.total("lmcache_mp_lookup_hit_tokens_total") == 8064

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from glm53.chunks import loaded_tokens
+from glm53.validate.prompts import boundary_lengths
 from glm53.validate.protocol import (
     BoundaryRow,
     PerfSample,
@@ -56,11 +58,8 @@ def test_cold_runs_with_hits_are_not_a_cold_reference() -> None:
 
 
 def boundary_rows(chunk: int, served: dict[int, int], strict: bool) -> list[BoundaryRow]:
-    from glm53.chunks import served_tokens
-    from glm53.validate.prompts import boundary_lengths
-
     return [
-        BoundaryRow(length, served_tokens(length, chunk, strict), served.get(length, -1), None)
+        BoundaryRow(length, loaded_tokens(length, chunk, strict), served.get(length, -1), None)
         for length in boundary_lengths(chunk)
     ]
 
@@ -80,6 +79,29 @@ def test_boundary_passes_when_every_hit_is_the_bound(chunk: int, strict: bool) -
 def test_strict_bound_at_the_boundaries_is_the_seed_arithmetic() -> None:
     expected = [r.expected_tokens for r in exact(1152, True)]
     assert expected == [0, 0, 1152, 1152, 1152, 2304, 2304, 2304, 3456]
+
+
+def test_a_full_prompt_hit_of_glm53_loads_one_token_fewer() -> None:
+    """GLM-5.3 (one group, C = 256): at L = 256, 512, 768 the connector loads L-1 (need_to_load - 1), so a correct pod
+    serves 255, 511, 767 there and whole chunks elsewhere."""
+    expected = [r.expected_tokens for r in exact(256, False)]
+    assert [r.prompt_tokens for r in exact(256, False)] == [255, 256, 257, 511, 512, 513, 767, 768, 769]
+    assert expected == [0, 255, 256, 256, 511, 512, 512, 767, 768]
+    assert judge_boundary(256, False, exact(256, False)).passed
+
+
+def test_a_full_prompt_hit_served_in_full_is_refused_and_explained() -> None:
+    rows = exact(256, False)
+    rows[4] = BoundaryRow(512, 511, 512, 512)
+    assert judge_boundary(256, False, rows).failures == (
+        "512 tokens served from LMCache for a 512-token prompt; at most 511 may be (only whole 256-token chunks are "
+        "stored, less the last prompt token, which vLLM recomputes on a full-prompt hit)",
+    )
+
+
+def test_the_strict_prefix_never_sees_a_full_prompt_hit() -> None:
+    """GLM-5.3-Flash looks up at most L-1 tokens, so at L = 2304 only 1152 can come back: L-1 is not its rule."""
+    assert [loaded_tokens(n, 1152, True) for n in (1152, 2304, 8507)] == [0, 1152, 8064]
 
 
 def test_recovery_mismatch_is_a_strict_prefix_violation() -> None:
@@ -115,6 +137,41 @@ def test_fewer_tokens_than_the_bound_is_a_failure() -> None:
         "only 0 tokens served from LMCache for a 3457-token prompt where 3456 should be (whole 1152-token chunks); "
         "the cache is not paying off",
     )
+
+
+def test_a_wrong_answer_fails_seed_000_requires_all_correct() -> None:
+    cached = runs(-0.94, 8064, 2)
+    cached[3] = RunSample(-0.94, 8064, " 7312", False, 8507)
+    result = judge_equivalence(runs(-0.93, 0, 1), cached, 0.05, 8507)
+    assert result.failures == (
+        "0 of 16 cold and 1 of 16 LMCache-served answers were wrong (e.g. ' 7312'); seed 000 requires every answer "
+        "in both conditions to be correct",
+    )
+
+
+def test_unknown_answers_are_not_judged() -> None:
+    """A user's own prompt comes without an answer (correct is None): nothing to judge."""
+    unknown = [RunSample(s.logprob, s.hit_tokens, s.text, None, 8507) for s in runs(-0.93, 0, 1)]
+    assert judge_equivalence(unknown, runs(-0.94, 8064, 2), 0.05, 8507).passed
+
+
+def test_bit_exact_profile_requires_identical_outputs() -> None:
+    cached = runs(-0.93, 8064, 2)
+    cached[0] = RunSample(-0.93, 8064, " 7311.", True, 8507)
+    assert judge_equivalence(runs(-0.93, 0, 1), cached, 0.05, 8507).passed  # GLM-5.3-Flash: outputs may vary
+    assert judge_equivalence(runs(-0.93, 0, 1), cached, 0.05, 8507, bit_exact=True).failures == (
+        "equivalence: the profile marks this model's outputs bit-exact, but its 16 cold and 16 LMCache-served runs "
+        "gave 2 different outputs (' 7311', ' 7311.', ...); reloading from LMCache must not change a token",
+    )
+    assert judge_equivalence(runs(-0.93, 0, 1), runs(-0.93, 8064, 2), 0.05, 8507, bit_exact=True).passed
+
+
+def test_bit_exact_perf_outputs_must_match() -> None:
+    assert judge_perf(perf(0.2, 0, "a"), perf(0.05, 8064, "b"), bit_exact=True).failures == (
+        "perf: the profile marks this model's outputs bit-exact, but its 4 cold and 4 LMCache-served runs gave 2 "
+        "different outputs ('a', 'b', ...); reloading from LMCache must not change a token",
+    )
+    assert judge_perf(perf(0.2, 0), perf(0.05, 8064), bit_exact=True).passed
 
 
 def perf(ttft: float, hit: int, text: str = "same") -> list[PerfSample]:

@@ -128,11 +128,14 @@ def test_base_url_without_scheme_is_refused() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--runs", "1"], "--runs must be at least 2 (a t-test needs two samples per condition), got 1"),
+        (["--runs", "7"], "--runs must be at least 8 per condition (the seed protocol runs 16 + 16; fewer leave"),
         (["--alpha", "1.5"], "--alpha must lie strictly between 0 and 1, got 1.5"),
         (["--chunk-size", "0"], "--chunk-size must be a positive number of tokens, got 0"),
         (["--checks", "equivalence,speed"], "--checks takes a comma-separated subset of equivalence,boundary,perf"),
-        (["--timeout", "0"], "--timeout must be a positive number of seconds, got 0.0"),
+        (["--timeout", "0"], "--timeout must be a positive, finite number of seconds, got 0.0"),
+        (["--timeout", "nan"], "--timeout must be a positive, finite number of seconds, got nan"),
+        (["--timeout", "inf"], "--timeout must be a positive, finite number of seconds, got inf"),
+        (["--alpha", "nan"], "--alpha must lie strictly between 0 and 1, got nan"),
     ],
 )
 def test_bad_options_are_one_line(args: list[str], message: str) -> None:

@@ -2,11 +2,15 @@
 
 Wires the exporter together (see `glm53.exporter`) and serves it until SIGTERM or SIGINT. `--tensor-parallel-size`
 and `--chunk-size` take the same meaning and defaults as the startup probe's, so the exporter's verdict is the probe's.
+Everything a flag can get wrong is refused before the server starts, in one line: a scrape must never be the first
+place a bad flag shows (a log path that is a directory used to turn every scrape into an HTTP 500).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import signal
 import sys
 import threading
@@ -23,9 +27,10 @@ from glm53.exporter.collector import Glm53Collector, Upstream
 from glm53.exporter.facts import LogWatch
 from glm53.exporter.server import serve
 from glm53.exporter.upstream import DEFAULT_TIMEOUT_SECONDS, metrics_url, scrape
-from glm53.profiles import PROFILES, get_profile
+from glm53.profiles import LMCACHE_DEFAULT_CHUNK_SIZE, PROFILES, get_profile
 
 DEFAULT_PORT = 9400
+MAX_PORT = 65535
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,13 +42,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log", action="append", required=True, type=Path, help="log file to follow (repeatable)")
     parser.add_argument("--profile", required=True, choices=sorted(PROFILES), help="model profile")
     parser.add_argument("--tensor-parallel-size", type=int, help="vLLM's TP size (default: the profile's)")
-    parser.add_argument("--chunk-size", type=int, help="LMCache --chunk-size configured (default: the profile's)")
+    parser.add_argument(
+        "--chunk-size",
+        type=int,
+        help=f"the LMCache server's configured --chunk-size (default {LMCACHE_DEFAULT_CHUNK_SIZE}, the server's)",
+    )
     parser.add_argument("--vllm-url", required=True, help="vLLM base or /metrics URL, e.g. http://127.0.0.1:8000")
     parser.add_argument(
-        "--lmcache-url", required=True, help="LMCache Prometheus base or /metrics URL, e.g. http://127.0.0.1:9090"
+        "--lmcache-url",
+        required=True,
+        help="`lmcache server`'s HTTP port (it serves /metrics there), base or /metrics URL, e.g. http://127.0.0.1:8080",
     )
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to listen on (default {DEFAULT_PORT})")
+    parser.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"port to listen on, 0 for any free one (default {DEFAULT_PORT})"
+    )
     parser.add_argument(
         "--timeout",
         type=float,
@@ -57,13 +70,27 @@ def _or(value: int | None, default: int) -> int:
     return default if value is None else value
 
 
+def require_log_file(path: Path) -> None:
+    """A log that does not exist yet is fine (the container creates it); one that can never be read is refused."""
+    if path.is_dir():
+        raise Glm53Error(
+            f"--log {str(path)!r} is a directory; give the log file itself, e.g. {str(path / 'vllm.log')!r}"
+        )
+    if path.exists() and not os.access(path, os.R_OK):
+        raise Glm53Error(f"--log {str(path)!r} is not readable by this user; fix its permissions or the path")
+
+
 def build_registry(args: argparse.Namespace) -> tuple[CollectorRegistry, Glm53Collector]:
     """The registry with the exporter's collector on it, from parsed arguments."""
     profile = get_profile(args.profile)
     tp = require_positive(_or(args.tensor_parallel_size, profile.tensor_parallel_size), "--tensor-parallel-size")
-    chunk = require_positive(_or(args.chunk_size, profile.recommended_chunk_size), "--chunk-size")
-    if not args.timeout > 0:
-        raise Glm53Error(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
+    chunk = require_positive(_or(args.chunk_size, LMCACHE_DEFAULT_CHUNK_SIZE), "--chunk-size")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise Glm53Error(f"--timeout must be a positive, finite number of seconds, got {args.timeout:g}")
+    if not 0 <= args.port <= MAX_PORT:
+        raise Glm53Error(f"--port must be a TCP port from 0 to {MAX_PORT}, got {args.port}")
+    for path in args.log:
+        require_log_file(path)
     upstreams = [
         Upstream(names.VLLM, metrics_url(args.vllm_url)),
         Upstream(names.LMCACHE, metrics_url(args.lmcache_url)),

@@ -13,17 +13,22 @@ dashboard and alerts take `rate()`s of the `_total` series for windows):
 - `glm53_prefix_cache_hit_ratio{scope}`: vLLM's hits / queries, in tokens; `scope="local"` is vLLM's own prefix cache,
   `scope="external"` what the KV connector (LMCache) supplied. `glm53_prefix_cache_hit_tokens_total{scope="external"}`
   is therefore the number of prompt tokens served from LMCache.
-- `glm53_strict_prefix_bound_achieved_ratio`: tokens served from LMCache (vLLM's external hits) divided by the sum,
-  over every LMCache lookup, of the most that lookup could have been served. The denominator is LMCache's
-  `lmcache_mp_lookup_requested_tokens_total`, which counts only the chunk-aligned part of each lookup; the connector
-  looks up at most L-1 tokens of an L-token prompt for hybrid models (strict prefix) and L tokens otherwise, so each
-  lookup contributes exactly floor((L-1)/C)*C (hybrid) or floor(L/C)*C tokens: the bound of `glm53.chunks`. Per-prompt
-  lengths are not derivable from vLLM's counters (its prompt-length histogram has coarse buckets), which is why the
-  bound comes from LMCache. The ratio is below 1 when vLLM's local prefix cache already covered part of a prompt
-  (the connector then supplies only the rest) or when LMCache misses; 1 means every lookup got its whole bound.
+- `glm53_strict_prefix_bound_tokens_total`: the tokens LMCache found for the connector's lookups
+  (`lmcache_mp_lookup_hit_tokens_total`): the run of whole chunks it held within each lookup's range, and that range
+  is the prompt less its last token for hybrid models (the strict prefix: lmcache 0.5.6
+  lmcache/integration/vllm/lmcache_mp_connector.py:601 and :1300, vllm_multi_process_adapter.py:891) and the whole
+  prompt otherwise. It is the most vLLM could load from LMCache.
+- `glm53_strict_prefix_bound_achieved_ratio`: the tokens vLLM loaded from LMCache (its external hits) / that bound.
+  A prompt LMCache never held (a new prompt, or validation's deliberately cold runs with a unique `cache_salt`) adds
+  nothing to either side, so traffic no cache could have served does not drag it down; misses show in LMCache's own
+  hit rate (`lmcache_mp_lookup_hit_tokens_total` / `lmcache_mp_lookup_requested_tokens_total`). Near 1 means LMCache
+  delivers all it can. Single-group models sit just below 1: on a full-prompt hit the connector loads one token fewer
+  (lmcache_mp_connector.py:1341-1346). Clearly below 1 means held chunks did not reach vLLM: its own prefix cache
+  already had them (the connector then loads only the rest) or the loads failed and were recomputed
+  (lmcache_mp_connector.py:1266-1292).
 
-LMCache's own `lmcache_*` families are re-exposed unchanged: its Prometheus port listens on the pod's loopback only,
-so the exporter is how Prometheus (and the dashboard's L1 memory panel) sees them.
+LMCache's own `lmcache_*` families are re-exposed unchanged: `lmcache server` serves them on its HTTP port, which
+listens on the pod's loopback only, so the exporter is how Prometheus (and the dashboard's L1 memory panel) sees them.
 """
 
 from __future__ import annotations
@@ -171,7 +176,7 @@ def cache_families(vllm: Snapshot | None, lmcache: Snapshot | None) -> list[Metr
     local_h = vllm.total(names.VLLM_LOCAL_HITS) if vllm else None
     external_q = vllm.total(names.VLLM_EXTERNAL_QUERIES) if vllm else None
     external_h = vllm.total(names.VLLM_EXTERNAL_HITS) if vllm else None
-    bound = lmcache.total(names.LMCACHE_LOOKUP_REQUESTED) if lmcache else None
+    bound = lmcache.total(names.LMCACHE_LOOKUP_HIT) if lmcache else None
     families: list[Metric] = []
     families += _scoped_counter(
         "glm53_prefix_cache_queried_tokens",
@@ -197,13 +202,14 @@ def cache_families(vllm: Snapshot | None, lmcache: Snapshot | None) -> list[Metr
         families.append(
             CounterMetricFamily(
                 "glm53_strict_prefix_bound_tokens",
-                "Sum over LMCache lookups of the most each could be served (chunk-aligned, strict-prefix) tokens.",
+                "Tokens LMCache found for vLLM's lookups (whole chunks of the strict prefix): the most vLLM can load.",
                 value=bound,
             )
         )
     families += _gauge(
         "glm53_strict_prefix_bound_achieved_ratio",
-        "Tokens served from LMCache / glm53_strict_prefix_bound_tokens_total.",
+        "Tokens vLLM loaded from LMCache / glm53_strict_prefix_bound_tokens_total; prompts LMCache never held count "
+        "on neither side.",
         _ratio(external_h, bound),
     )
     return families

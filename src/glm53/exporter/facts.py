@@ -6,10 +6,11 @@ the lines appended since the previous scrape (so a scrape costs the new bytes, n
 `glm53.probe.evaluate` gives the same verdict the kubelet's probe gives. The followers' positions live in memory only:
 a restarted exporter reads the logs again from their start once, which is what rebuilds its facts.
 
-One fact the probe does not need is measured here: how long vLLM took from its first log line to the geometry line,
-from vLLM's own timestamps (`INFO 11-29 07:00:01`, no year, second resolution). `glm53 supervise` appends every
-restart of a container to the same file, so a run starts at the first stamped line, at vLLM's start banner, or where
-the API server's pid changes.
+One fact the probe does not need is measured here: how long vLLM took from its first log line to the geometry line.
+vLLM stamps its own lines `INFO 11-29 07:00:01` (no year, second resolution; vllm 0.33.0 vllm/logger.py); the geometry
+line comes from LMCache's logger, stamped `[2026-11-29 07:02:11,400]` (lmcache 0.5.6 lmcache/logging.py), whose year is
+dropped so both compare. `glm53 supervise` appends every restart of a container to the same file, so a run starts at
+the first stamped line, at vLLM's start banner (`logparse.RunStarted`), or where the API server's pid changes.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from glm53.chunks import required_alignment
-from glm53.logparse import Record, ResolvedGeometry, parse_line
+from glm53.logparse import Record, ResolvedGeometry, RunStarted, parse_line
 from glm53.logtail import LogFollower
 from glm53.probe import GeometryFact, NegotiatedFact, StartupFacts, Status, evaluate
 from glm53.profiles import ModelProfile
@@ -35,16 +36,15 @@ UNKNOWN_KIND = "unknown"
 READ_SLICE_BYTES = 32 * 1024 * 1024
 
 _VLLM_STAMP = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)\b")
+_LMCACHE_STAMP = re.compile(r"\[\d{4}-(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d),\d{3}\] LMCache ")
 _API_SERVER_TAG = "(APIServer pid="
-# The first line a vLLM API server logs; its reappearance in the same file is a restart.
-_START_BANNER = "vLLM API server version"
 # vLLM stamps carry no year; a leap year accepts 02-29.
 _STAMP_YEAR = 2000
 
 
 def vllm_timestamp(line: str) -> datetime | None:
-    """The `MM-DD HH:MM:SS` stamp of a vLLM-decorated line (in a fixed leap year), or None when it has none."""
-    match = _VLLM_STAMP.search(line, 0, 120)
+    """The `MM-DD HH:MM:SS` stamp of a vLLM- or LMCache-formatted line (in a fixed leap year), or None without one."""
+    match = _VLLM_STAMP.search(line, 0, 120) or _LMCACHE_STAMP.search(line, 0, 80)
     if match is None:
         return None
     month, day, hour, minute, second = (int(g) for g in match.groups())
@@ -78,7 +78,7 @@ class RunClock:
             if tag is not None:
                 self._new_run(line)
             self.api_server_tag = line[: line.find(")") + 1]
-        elif _START_BANNER in line:  # in a container the restarted server often gets the same pid
+        elif isinstance(record, RunStarted):  # in a container the restarted server often gets the same pid
             self._new_run(line)
         if self.started is None:
             self.started = vllm_timestamp(line)
@@ -175,7 +175,12 @@ class LogWatch:
 
     def poll(self) -> LogFacts:
         for follower, facts, clock in zip(self._followers, self._facts, self._clocks, strict=True):
-            _consume(follower, facts, clock)
+            try:
+                _consume(follower, facts, clock)
+            except OSError:
+                # The command refuses an unreadable log at start; one that turns unreadable later (replaced by a
+                # directory, permissions changed) is skipped until it is readable again, so the scrape still answers.
+                continue
         facts = StartupFacts.combined(self._facts)
         bytes_read = sum(f.total_bytes_read for f in self._followers)
         verdict = evaluate(self._profile, self._tp, self._chunk_size, facts, bytes_read)

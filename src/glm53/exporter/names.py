@@ -1,10 +1,10 @@
 """The upstream metric names the exporter reads, in one place, with where each comes from.
 
-vLLM 0.33 exposes its prefix-cache counters in tokens (`vllm:*_total`). LMCache's multiprocess server exposes
-OpenTelemetry instruments through a Prometheus reader, which turns `lmcache_mp.lookup_requested` with unit `tokens`
-into `lmcache_mp_lookup_requested_tokens_total` (lmcache 0.5.6: `v1/mp_observability/subscribers/metrics/lookup.py`,
-`v1/distributed/l1_manager.py` for the L1 gauges). The dashboard and the alerts use these names too, and a test checks
-every name they use against what the exporter, the vLLM mock and the LMCache mock really expose.
+vLLM 0.33 exposes its prefix-cache counters in tokens (`vllm:*_total`, vllm/v1/metrics/loggers.py:661-706).
+`lmcache server` exposes OpenTelemetry instruments through a Prometheus reader on its HTTP port's `/metrics`, which
+turns `lmcache_mp.lookup_hit` with unit `tokens` into `lmcache_mp_lookup_hit_tokens_total` (lmcache 0.5.6
+lmcache/v1/mp_observability/subscribers/metrics/lookup.py:82-99). The dashboard and the alerts use these names too,
+and a test checks every name they use against a page captured from the real server and vLLM's names.
 """
 
 from __future__ import annotations
@@ -20,10 +20,9 @@ VLLM_LOCAL_HITS = "vllm:prefix_cache_hits_total"
 VLLM_EXTERNAL_QUERIES = "vllm:external_prefix_cache_queries_total"
 VLLM_EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
 
-# LMCache MP server: tokens submitted to lookups, counting only the chunk-aligned part of each lookup, and tokens hit.
-LMCACHE_LOOKUP_REQUESTED = "lmcache_mp_lookup_requested_tokens_total"
+# LMCache MP server: tokens found by lookups (the contiguous run of whole chunks held), the bound vLLM can load.
 LMCACHE_LOOKUP_HIT = "lmcache_mp_lookup_hit_tokens_total"
 
-# LMCache families are re-exposed by the exporter unchanged: LMCache's Prometheus port listens on the pod's loopback
-# only, so the exporter is the one way Prometheus sees them.
+# LMCache families are re-exposed by the exporter unchanged: `lmcache server`'s HTTP port listens on the pod's
+# loopback only, so the exporter is the one way Prometheus sees them.
 LMCACHE_PASSTHROUGH_PREFIXES = ("lmcache_", "lmcache:")

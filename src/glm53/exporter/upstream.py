@@ -1,4 +1,4 @@
-"""Scrape one upstream Prometheus endpoint (vLLM's `/metrics`, LMCache's Prometheus port) into a parsed snapshot.
+"""Scrape one upstream Prometheus endpoint (vLLM's `/metrics`, `lmcache server`'s HTTP port) into a parsed snapshot.
 
 The exporter joins metrics that vLLM and LMCache expose separately, so every scrape of the exporter scrapes both.
 An upstream that is down, slow, or answers with something that is not the text exposition format must cost at most
@@ -87,7 +87,7 @@ def parse_exposition(text: str) -> Snapshot:
 
 
 def metrics_url(url: str) -> str:
-    """`url` with `/metrics` appended when it names only a host and port (`http://127.0.0.1:9090`)."""
+    """`url` with `/metrics` appended when it names only a host and port (`http://127.0.0.1:8080`)."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in {"http", "https"} or not parts.netloc:
         raise Glm53Error(f"expected an http(s) URL such as http://127.0.0.1:8000, got {url!r}; fix the URL flag")
@@ -120,7 +120,7 @@ def restarted(previous: Snapshot, current: Snapshot) -> bool:
     """True when two successful scrapes of one upstream came from different processes: it restarted in between.
 
     Evidence, any of: `process_start_time_seconds` changed (prometheus_client's process collector, which LMCache's
-    Prometheus endpoint carries); a counter went backwards; a counter vanished. Counters only grow while a process
+    `/metrics` carries); a counter went backwards; a counter vanished. Counters only grow while a process
     lives, and LMCache's OpenTelemetry counters never disappear once they appeared.
     """
     before, after = previous.total(START_TIME_SAMPLE), current.total(START_TIME_SAMPLE)

@@ -1,10 +1,13 @@
 """The three checks of the validation protocol, each a function that talks to vLLM and returns a typed result.
 
 - equivalence (seed 000): first-token log-probs of cold runs (a unique `cache_salt` each) against runs served from
-  LMCache after vLLM's local prefix cache was reset; Welch's t-test must not tell them apart, and LMCache must hit.
+  LMCache after vLLM's local prefix cache was reset; Welch's t-test must not tell them apart, LMCache must hit, and
+  every answer must be right ("every answer in both conditions was correct"). For a model whose profile says its
+  outputs are bit-exact (GLM-5.3), cold and LMCache-served outputs must also be identical.
   The reference is always cold runs of the same prefix-caching-on engine, never a prefix-caching-off run (seed caveat).
 - boundary (seed 004): prompts one token either side of and on chunk boundaries; the external hit must equal what
-  whole chunks allow, minus the last prompt token for hybrid models. More than that is the recovery mismatch.
+  vLLM loads from whole chunks (`glm53.chunks.loaded_tokens`): the strict prefix for hybrid models, and L-1 of L on a
+  single-group model's full-prompt hit. More than that is the recovery mismatch.
 - perf (seed 004's serial study): time to first token and total time, cold against reloaded from LMCache.
 
 Talking (`check_*`) and judging (`judge_*`) are separate: the judges are pure functions over measured samples.
@@ -18,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from glm53.chunks import served_tokens
+from glm53.chunks import loaded_tokens
 from glm53.errors import EXIT_USAGE, Glm53Error
 from glm53.validate.client import Completion, VllmClient
 from glm53.validate.metrics import EXTERNAL_HITS, delta, require
@@ -125,7 +128,9 @@ class EquivalenceResult:
         return not self.failures
 
 
-def check_equivalence(target: Target, prompt: QaPrompt, runs: int, alpha: float) -> EquivalenceResult:
+def check_equivalence(
+    target: Target, prompt: QaPrompt, runs: int, alpha: float, bit_exact: bool = False
+) -> EquivalenceResult:
     def run(condition: str, index: int, completion: Completion, hit: int) -> RunSample:
         if completion.first_logprob is None:
             raise Glm53Error(
@@ -143,11 +148,15 @@ def check_equivalence(target: Target, prompt: QaPrompt, runs: int, alpha: float)
     cold, cached = _cold_then_reloaded(target, "equivalence", prompt.text, EQUIVALENCE_SHAPE, runs, run)
     # The server's own token count where it reports one; the word count of the prompt otherwise.
     tokens = next((s.prompt_tokens for s in cold if s.prompt_tokens), prompt.words)
-    return judge_equivalence(cold, cached, alpha, tokens)
+    return judge_equivalence(cold, cached, alpha, tokens, bit_exact)
 
 
 def judge_equivalence(
-    cold: Sequence[RunSample], cached: Sequence[RunSample], alpha: float, prompt_tokens: int
+    cold: Sequence[RunSample],
+    cached: Sequence[RunSample],
+    alpha: float,
+    prompt_tokens: int,
+    bit_exact: bool = False,
 ) -> EquivalenceResult:
     welch = welch_t_test([s.logprob for s in cold], [s.logprob for s in cached])
     failures = []
@@ -168,6 +177,14 @@ def judge_equivalence(
             f"{warm} of {len(cold)} cold runs got an LMCache hit despite a unique cache_salt; the cold reference "
             "is not cold (the server ignores cache_salt)"
         )
+    wrong_cold, wrong_cached = ([s.text for s in samples if s.correct is False] for samples in (cold, cached))
+    if wrong_cold or wrong_cached:
+        failures.append(
+            f"{len(wrong_cold)} of {len(cold)} cold and {len(wrong_cached)} of {len(cached)} LMCache-served answers "
+            f"were wrong (e.g. {(wrong_cold or wrong_cached)[0]!r}); seed 000 requires every answer in both "
+            "conditions to be correct"
+        )
+    failures += _bit_exact_failures("equivalence", [s.text for s in cold], [s.text for s in cached], bit_exact)
     return EquivalenceResult(prompt_tokens, alpha, tuple(cold), tuple(cached), welch, tuple(failures))
 
 
@@ -209,13 +226,17 @@ def check_boundary(target: Target, chunk_size: int, strict_prefix: bool) -> Boun
         salt = target.salt("boundary", length)
         target.prime(prompt, salt)
         completion, hit = target.reloaded(prompt, salt, BOUNDARY_SHAPE)
-        row = BoundaryRow(length, served_tokens(length, chunk_size, strict_prefix), hit, completion.cached_tokens)
+        row = BoundaryRow(length, loaded_tokens(length, chunk_size, strict_prefix), hit, completion.cached_tokens)
         target.progress.step(
             f"boundary: {index + 1}/{len(lengths)}: {length}-token prompt, LMCache served {row.served_tokens} "
             f"(expected {row.expected_tokens})"
         )
         rows.append(row)
     return judge_boundary(chunk_size, strict_prefix, rows)
+
+
+# Said wherever the expectation is L-1 of L, so a reader does not take the missing token for a fault.
+_FULL_HIT_NOTE = ", less the last prompt token, which vLLM recomputes on a full-prompt hit"
 
 
 def judge_boundary(chunk_size: int, strict_prefix: bool, rows: Sequence[BoundaryRow]) -> BoundaryResult:
@@ -230,6 +251,7 @@ def judge_boundary(chunk_size: int, strict_prefix: bool, rows: Sequence[Boundary
     failures = []
     for row in rows:
         served, length, bound = row.served_tokens, row.prompt_tokens, row.expected_tokens
+        note = _FULL_HIT_NOTE if not strict_prefix and bound == length - 1 else ""
         if served > bound and strict_prefix:
             failures.append(
                 f"strict-prefix violation: {served} tokens served from LMCache for a {length}-token prompt; at most "
@@ -238,12 +260,12 @@ def judge_boundary(chunk_size: int, strict_prefix: bool, rows: Sequence[Boundary
         elif served > bound:
             failures.append(
                 f"{served} tokens served from LMCache for a {length}-token prompt; at most {bound} may be (only "
-                f"whole {chunk_size}-token chunks are stored)"
+                f"whole {chunk_size}-token chunks are stored{note})"
             )
         elif served < bound:
             failures.append(
                 f"only {served} tokens served from LMCache for a {length}-token prompt where {bound} should be "
-                f"(whole {chunk_size}-token chunks); the cache is not paying off"
+                f"(whole {chunk_size}-token chunks{note}); the cache is not paying off"
             )
     return BoundaryResult(chunk_size, strict_prefix, tuple(rows), tuple(failures))
 
@@ -287,7 +309,7 @@ class PerfResult:
         return sum(1 for c, r in pairs if c.text == r.text) / len(pairs)
 
 
-def check_perf(target: Target, prompt: QaPrompt, runs: int) -> PerfResult:
+def check_perf(target: Target, prompt: QaPrompt, runs: int, bit_exact: bool = False) -> PerfResult:
     def run(condition: str, index: int, completion: Completion, hit: int) -> PerfSample:
         target.progress.step(
             f"perf: {condition} request {index + 1}/{runs}: TTFT {completion.ttft_seconds * 1000:.1f} ms, "
@@ -296,17 +318,30 @@ def check_perf(target: Target, prompt: QaPrompt, runs: int) -> PerfResult:
         return PerfSample(completion.ttft_seconds, completion.total_seconds, completion.text, hit)
 
     cold, cached = _cold_then_reloaded(target, "perf", prompt.text, PERF_SHAPE, runs, run)
-    return judge_perf(cold, cached)
+    return judge_perf(cold, cached, bit_exact)
 
 
-def judge_perf(cold: Sequence[PerfSample], cached: Sequence[PerfSample]) -> PerfResult:
+def judge_perf(cold: Sequence[PerfSample], cached: Sequence[PerfSample], bit_exact: bool = False) -> PerfResult:
     missed = sum(1 for s in cached if s.hit_tokens <= 0)
     failures = (
-        (f"{missed} of {len(cached)} reloaded requests got no LMCache hit, so they did not measure a reload",)
+        [f"{missed} of {len(cached)} reloaded requests got no LMCache hit, so they did not measure a reload"]
         if missed
-        else ()
+        else []
     )
-    return PerfResult(tuple(cold), tuple(cached), failures)
+    failures += _bit_exact_failures("perf", [s.text for s in cold], [s.text for s in cached], bit_exact)
+    return PerfResult(tuple(cold), tuple(cached), tuple(failures))
+
+
+def _bit_exact_failures(check: str, cold: Sequence[str], cached: Sequence[str], bit_exact: bool) -> list[str]:
+    """For a bit-exact model any second distinct output at temperature 0 fails; others may vary (seed 000 caveat)."""
+    outputs = list(dict.fromkeys([*cold, *cached]))
+    if not bit_exact or len(outputs) <= 1:
+        return []
+    return [
+        f"{check}: the profile marks this model's outputs bit-exact, but its {len(cold)} cold and {len(cached)} "
+        f"LMCache-served runs gave {len(outputs)} different outputs ({outputs[0]!r}, {outputs[1]!r}, ...); reloading "
+        "from LMCache must not change a token"
+    ]
 
 
 def _cold_then_reloaded(

@@ -82,7 +82,11 @@ def _equivalence_lines(result: EquivalenceResult) -> list[str]:
 
 
 def _boundary_lines(result: BoundaryResult) -> list[str]:
-    rule = "strict prefix: floor((L-1)/C)*C" if result.strict_prefix else "whole chunks: floor(L/C)*C"
+    rule = (
+        "strict prefix: floor((L-1)/C)*C"
+        if result.strict_prefix
+        else "whole chunks: floor(L/C)*C, L-1 on a full-prompt hit (vLLM recomputes the last token)"
+    )
     lines = [f"boundary [{_status(result.passed)}]: chunk size C = {result.chunk_size}, {rule}"]
     lines.append(f"  {'prompt':>8} {'expected':>9} {'served':>7} {'usage':>7}")
     for row in result.rows:

@@ -5,9 +5,11 @@ Shared by `glm53 validate` (against any deployment) and `glm53 pod` (against the
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
+from glm53.errors import Glm53Error
 from glm53.profiles import ModelProfile
 from glm53.validate.client import VllmClient
 from glm53.validate.progress import Progress
@@ -16,6 +18,9 @@ from glm53.validate.protocol import CHECKS, Target, check_boundary, check_equiva
 from glm53.validate.report import ValidationReport
 
 DEFAULT_RUNS = 16  # the seed's 16 runs per condition
+# Below 8 runs per condition Welch's t-test has so few degrees of freedom that even a clear shift of the first-token
+# log-prob gives p > alpha: a "pass" would mean nothing. The seed protocol runs 16 + 16.
+MIN_RUNS = 8
 DEFAULT_ALPHA = 0.05
 DEFAULT_TIMEOUT = 60.0
 
@@ -34,6 +39,20 @@ class ValidationConfig:
     model: str | None = None
     timeout: float = DEFAULT_TIMEOUT
 
+    def __post_init__(self) -> None:
+        """Refuse, in one line, settings that make validation meaningless or hang (NaN and infinity included)."""
+        if self.runs < MIN_RUNS:
+            raise Glm53Error(
+                f"--runs must be at least {MIN_RUNS} per condition (the seed protocol runs 16 + 16; fewer leave "
+                f"Welch's t-test too few degrees of freedom to tell the conditions apart), got {self.runs}"
+            )
+        if not 0.0 < self.alpha < 1.0:
+            raise Glm53Error(f"--alpha must lie strictly between 0 and 1, got {self.alpha}")
+        if self.chunk_size is not None and self.chunk_size <= 0:
+            raise Glm53Error(f"--chunk-size must be a positive number of tokens, got {self.chunk_size}")
+        if not (math.isfinite(self.timeout) and self.timeout > 0):
+            raise Glm53Error(f"--timeout must be a positive, finite number of seconds, got {self.timeout}")
+
     @property
     def effective_chunk_size(self) -> int:
         return self.chunk_size or self.profile.recommended_chunk_size
@@ -46,7 +65,7 @@ def run_validation(config: ValidationConfig, progress: Progress) -> ValidationRe
     target = Target.connect(client, config.model, progress)
     try:
         equivalence = (
-            check_equivalence(target, config.prompt, config.runs, config.alpha)
+            check_equivalence(target, config.prompt, config.runs, config.alpha, config.profile.bit_exact_outputs)
             if "equivalence" in config.checks
             else None
         )
@@ -55,7 +74,11 @@ def run_validation(config: ValidationConfig, progress: Progress) -> ValidationRe
             if "boundary" in config.checks
             else None
         )
-        perf = check_perf(target, config.prompt, config.runs) if "perf" in config.checks else None
+        perf = (
+            check_perf(target, config.prompt, config.runs, config.profile.bit_exact_outputs)
+            if "perf" in config.checks
+            else None
+        )
     finally:
         progress.done()
     return ValidationReport(
