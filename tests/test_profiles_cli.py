@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from glm53.commands.profiles import profiles_json
+from glm53.commands.profiles import profile_text, profiles_json
 from glm53.errors import Glm53Error
 from glm53.profiles import PROFILES, get_profile, profile_as_dict
 
@@ -18,7 +18,7 @@ CHART_KEYS = {
     "unifiedBlockSizeByTp", "expectedGroupTokensPerBlock", "requiredAlignment", "strictPrefix", "recommendedChunkSize",
     "validatedChunkSizes", "prefixCachingRequired", "separateObjectGroupsRequired", "kvCacheDtype",
     "fp8KvCacheHopperOk", "batchInvariantOk", "bitExactOutputs", "textOnlyFlag", "servingExtras",
-    "mtpSpeculativeTokens", "mtpValidatedWithLmcache", "notes",
+    "mtpSpeculativeTokens", "mtpValidatedWithLmcache", "basis", "notes",
 }  # fmt: skip
 
 
@@ -80,3 +80,28 @@ def test_expected_groups_needs_n_for_a_hybrid() -> None:
     assert get_profile("glm53").expected_groups(None) == (64,)
     with pytest.raises(Glm53Error, match="depend on vLLM's unified block size N"):
         get_profile("glm53-flash").expected_groups(None)
+
+
+def test_unknown_facts_are_unknown_and_every_fact_says_what_it_rests_on() -> None:
+    document = json.loads(run_profiles("--json").stdout)
+    flash, glm53 = document["glm53-flash"], document["glm53"]
+    # Seed 001 says nothing about FP8 KV cache or batch-invariant mode for GLM-5.3: null, never a guessed "fine".
+    assert (glm53["fp8KvCacheHopperOk"], glm53["batchInvariantOk"]) == (None, None)
+    assert glm53["basis"]["fp8KvCacheHopperOk"].startswith("unverified: seed 001")
+    # Seed 000 states both for GLM-5.3-Flash, as refusals.
+    assert (flash["fp8KvCacheHopperOk"], flash["batchInvariantOk"]) == (False, False)
+    for profile in (flash, glm53):
+        assert set(profile["basis"]) <= set(profile), "basis keys name facts of the profile"
+        for fact in ("tensorParallelSize", "fp8KvCacheHopperOk", "batchInvariantOk", "bitExactOutputs"):
+            assert profile["basis"][fact].startswith(("seed 0", "unverified: seed 0")), (profile["name"], fact)
+        unknown = {key for key, value in profile.items() if value is None and key in profile["basis"]}
+        assert all(profile["basis"][key].startswith("unverified") for key in unknown)
+    assert get_profile("glm53").fp8_kv_cache_hopper is None
+
+
+def test_text_view_shows_unverified_facts_as_unverified() -> None:
+    glm53, flash = profile_text(get_profile("glm53")), profile_text(get_profile("glm53-flash"))
+    assert "FP8 on Hopper: unverified" in glm53
+    assert "batch invariant  unverified" in glm53
+    assert "FP8 on Hopper: no" in flash
+    assert "batch invariant  no" in flash

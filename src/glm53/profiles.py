@@ -3,6 +3,8 @@
 This table is the single source of truth. The chart reads a generated copy (`charts/glm53/files/profiles.json`, written
 by `glm53 profiles --json`) and a test proves the two agree, so a fact changed here cannot silently drift from what
 the chart deploys. Numbers come from the seed recipes (GLM-5.3-Flash: N = 1152 at TP 4; GLM-5.3: one group of 64).
+Each profile says what every fact rests on (`basis`); a fact no seed states is None ("unverified"), never a guess, and
+the chart refuses to rely on it without an explicit opt-in.
 """
 
 from __future__ import annotations
@@ -74,8 +76,9 @@ class ModelProfile:
     prefix_caching_required: bool
     separate_object_groups_required: bool
     kv_cache_dtype: str
-    fp8_kv_cache_hopper_ok: bool
-    batch_invariant_ok: bool
+    # True / False where a seed states it; None where no seed does (unverified: the chart asks for an opt-in).
+    fp8_kv_cache_hopper: bool | None
+    batch_invariant: bool | None
     # True when greedy runs reproduce each other exactly (GLM-5.3); False when temperature-0 outputs vary run to run
     # even without a cache (GLM-5.3-Flash), so validation must compare log-prob distributions, not tokens.
     bit_exact_outputs: bool
@@ -83,6 +86,8 @@ class ModelProfile:
     serving_extras: tuple[ServingFlag, ...]
     mtp_speculative_tokens: int
     mtp_validated_with_lmcache: bool
+    # What each fact above rests on (a seed, a measurement, an upstream file), keyed by the JSON name of the fact.
+    basis: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -139,8 +144,8 @@ _FLASH = ModelProfile(
     prefix_caching_required=True,
     separate_object_groups_required=True,
     kv_cache_dtype="auto",
-    fp8_kv_cache_hopper_ok=False,
-    batch_invariant_ok=False,
+    fp8_kv_cache_hopper=False,
+    batch_invariant=False,
     bit_exact_outputs=False,
     text_only_flag=ServingFlag(
         "--limit-mm-per-prompt", '{"image":0,"video":0}', "text-only serving; LMCache validation covers text only"
@@ -152,6 +157,21 @@ _FLASH = ModelProfile(
     ),
     mtp_speculative_tokens=5,
     mtp_validated_with_lmcache=False,
+    basis=MappingProxyType(
+        {
+            "tensorParallelSize": "seed 000: validated on one node of 4x H200 at TP 4",
+            "groups": "seed 000: five groups of N plus a KpoolTailSpec scratch group of 0",
+            "unifiedBlockSizeByTp": "seed 000: N = 1152 measured at TP 4 only",
+            "strictPrefix": "seed 004 and lmcache 0.5.6 lmcache_mp_connector.py: the last prompt token is reserved",
+            "recommendedChunkSize": "seed 000 (N at TP 4); LMCache 0.5.6 does not negotiate, so it is passed",
+            "validatedChunkSizes": "seed 000",
+            "separateObjectGroupsRequired": "seed 000: hybrid state groups need their own cache objects",
+            "fp8KvCacheHopperOk": "seed 000: FP8 KV cache is Blackwell-only for this model; not validated with LMCache",
+            "batchInvariantOk": "seed 000: VLLM_BATCH_INVARIANT=1 does not start on vLLM 0.33 (no sparse-MLA backend)",
+            "bitExactOutputs": "seed 000: temperature-0 outputs vary between identical requests even without a cache",
+            "mtpValidatedWithLmcache": "seed 000: MTP not yet validated with LMCache",
+        }
+    ),
     notes=(
         "N = 1152 was measured at TP 4 only; after changing --tensor-parallel-size re-read N from vLLM's log.",
         "Keep the BF16 KV cache on Hopper: FP8 KV cache for this model is Blackwell-only.",
@@ -176,8 +196,9 @@ _GLM53 = ModelProfile(
     prefix_caching_required=True,
     separate_object_groups_required=False,
     kv_cache_dtype="auto",
-    fp8_kv_cache_hopper_ok=True,
-    batch_invariant_ok=True,
+    # Seed 001 says nothing about FP8 KV cache or batch-invariant mode for GLM-5.3: unknown, not "fine".
+    fp8_kv_cache_hopper=None,
+    batch_invariant=None,
     bit_exact_outputs=True,
     text_only_flag=ServingFlag("--limit-mm-per-prompt", None, "text-only model; no multimodal limit is needed"),
     serving_extras=(
@@ -186,9 +207,24 @@ _GLM53 = ModelProfile(
     ),
     mtp_speculative_tokens=1,
     mtp_validated_with_lmcache=False,
+    basis=MappingProxyType(
+        {
+            "tensorParallelSize": "seed 001: zai-org/GLM-5.3 validated on 8 GPUs, --tensor-parallel-size 8",
+            "groups": "seed 001: one group, group_tokens_per_block=[64]",
+            "strictPrefix": "seed 001: a single attention group; whole chunks are stored (floor(L/C)*C)",
+            "recommendedChunkSize": "seed 001: prefer 256 (5040 tokens: 4864 cached at 256, 4096 at 1024)",
+            "validatedChunkSizes": "seed 001: 256 and 1024 validated",
+            "separateObjectGroupsRequired": "seed 001: one group, nothing to separate (its recipe passes the flag)",
+            "fp8KvCacheHopperOk": "unverified: seed 001 says nothing about FP8 KV cache",
+            "batchInvariantOk": "unverified: seed 001 says nothing about batch-invariant mode",
+            "bitExactOutputs": "seed 001: greedy cold and cache-served runs reproduced each other exactly",
+            "mtpValidatedWithLmcache": "seed 001: MTP not yet validated with LMCache",
+        }
+    ),
     notes=(
         "Prefer --chunk-size 256: only whole chunks are stored (5040 tokens: 4864 cached at 256, 4096 at 1024).",
         "Cached pages are byte-opaque: never share entries across engines with different backends or block sizes.",
+        "FP8 KV cache and batch-invariant mode are unverified (seed 001 is silent): the chart asks for an opt-in.",
     ),
 )
 
@@ -235,13 +271,14 @@ def profile_as_dict(profile: ModelProfile) -> dict[str, object]:
         "prefixCachingRequired": profile.prefix_caching_required,
         "separateObjectGroupsRequired": profile.separate_object_groups_required,
         "kvCacheDtype": profile.kv_cache_dtype,
-        "fp8KvCacheHopperOk": profile.fp8_kv_cache_hopper_ok,
-        "batchInvariantOk": profile.batch_invariant_ok,
+        "fp8KvCacheHopperOk": profile.fp8_kv_cache_hopper,
+        "batchInvariantOk": profile.batch_invariant,
         "bitExactOutputs": profile.bit_exact_outputs,
         "textOnlyFlag": _flag_as_dict(profile.text_only_flag),
         "servingExtras": [_flag_as_dict(f) for f in profile.serving_extras],
         "mtpSpeculativeTokens": profile.mtp_speculative_tokens,
         "mtpValidatedWithLmcache": profile.mtp_validated_with_lmcache,
+        "basis": dict(profile.basis),
         "notes": list(profile.notes),
     }
 

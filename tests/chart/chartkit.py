@@ -29,6 +29,10 @@ NAMESPACE = "llm"
 # Helm 3's offline default Kubernetes version (1.25) is below the chart's kubeVersion; render for the oldest supported.
 OLDEST_KUBE = "1.29.0"
 NEWEST_KUBE = "1.37.0"
+# Renders that need a newer Kubernetes than OLDEST_KUBE (so they are not ci/ scenarios, which every test renders at
+# 1.29): name -> (values, the oldest version they render for).
+NEWER_KUBE_RENDERS: dict[str, tuple[dict[str, Any], str]] = {"dra": ({"dra": {"enabled": True}}, "1.34.0")}
+_COMPONENT = "app.kubernetes.io/component"
 # Kinds from the Prometheus Operator CRDs; kubernetes-validate has schemas for built-in kinds only.
 CRD_KINDS = frozenset({"ServiceMonitor", "PrometheusRule"})
 
@@ -198,8 +202,16 @@ def _split(path: str) -> Iterator[str]:
         yield token
 
 
+def engine(objs: Sequence[Obj], kind: str) -> Obj:
+    """The serving pods' object of a kind (other components, e.g. the router, have their own Deployment, Service...)."""
+    found = [o for o in objects(objs, kind) if get(o, "metadata.labels").get(_COMPONENT) == "engine"]
+    assert len(found) == 1, f"expected one engine {kind}, found {len(found)}"
+    return found[0]
+
+
 def pod_spec(objs: Sequence[Obj]) -> Obj:
-    spec: Obj = get(one(objs, "Deployment"), "spec.template.spec")
+    """The engine pod's spec."""
+    spec: Obj = get(engine(objs, "Deployment"), "spec.template.spec")
     return spec
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from chartkit import CHART_DIR, render_cli, scenario_values, scenarios, tool
+from chartkit import CHART_DIR, NEWER_KUBE_RENDERS, render_cli, scenario_values, scenarios, tool
 
 _SKIPS = re.compile(r"<!-- checkov-skips:start -->(.*?)<!-- checkov-skips:end -->", re.S)
 _ROW = re.compile(r"^\| (CKV_[A-Z0-9_]+) \| ([^|]+) \| ([^|]+) \|$", re.M)
@@ -38,6 +38,9 @@ def test_checkov_fails_only_the_documented_checks(tmp_path: Path) -> None:
     checkov = tool("checkov")
     for name in scenarios():
         manifests = render_cli(scenario_values(name))
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump_all(manifests, sort_keys=False))
+    for name, (values, kube_version) in NEWER_KUBE_RENDERS.items():
+        manifests = render_cli(values, kube_version)
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump_all(manifests, sort_keys=False))
     # --skip-download: offline, no guideline download.
     command = [checkov, "-d", str(tmp_path), "--framework", "kubernetes", "--quiet", "-o", "json", "--skip-download"]

@@ -87,3 +87,11 @@ def test_notes_warn_about_mtp_and_dev_mode() -> None:
     text = notes({"vllm": {"speculativeDecoding": {"enabled": True}}, "validation": {"enabled": True}})
     assert "MTP speculative decoding is on. It is NOT YET VALIDATED WITH LMCACHE" in text
     assert "UNSAFE FOR PRODUCTION" in text and "helm test glm53-flash" in text
+
+
+def test_notes_say_what_dev_mode_opens_and_which_opt_ins_are_on() -> None:
+    text = notes({"validation": {"enabled": True}, "profile": "glm53", "allowUnverified": {"fp8KvCache": True}})
+    assert "/reset_prefix_cache, /collective_rpc, /sleep" in text
+    assert "The NetworkPolicy admits that port only from the test pod and the namespaces monitoring." in text
+    assert "WARNING: allowUnverified.fp8KvCache=true: this setting is not validated for GLM-5.3" in text
+    assert "allowUnverified" not in notes({})

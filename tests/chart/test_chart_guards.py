@@ -5,6 +5,7 @@ Messages are asserted from both engines: Helm 4 through helm-python-sdk and the 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -62,7 +63,7 @@ GUARDS: dict[str, tuple[dict[str, Any], str]] = {
         "lmcache.chunkSize=100 is not a multiple of GLM-5.3's block of 64 tokens at TP 8",
     ),
     "unmeasured tp for a hybrid": (
-        {"vllm": {"tensorParallelSize": 8}},
+        {"vllm": {"tensorParallelSize": 8}, "allowUnverified": {"tensorParallelSize": True}},
         "GLM-5.3-Flash's unified block size N was measured at TP 4 only, not at TP 8, so the chunk size is unknown; "
         'set lmcache.chunkSize to the N vLLM logs at TP 8 ("Setting attention block size to N tokens"), or set '
         "lmcache.negotiate=true with a negotiating LMCache build",
@@ -74,8 +75,63 @@ GUARDS: dict[str, tuple[dict[str, Any], str]] = {
     ),
     "run_script": (
         {"lmcache": {"extraArgs": ["--run-script-api-enabled"]}},
-        "lmcache.extraArgs/extraEnv enable /run_script, which executes arbitrary Python sent to the unauthenticated "
-        "admin API; remove --run-script-api-enabled and LMCACHE_RUN_SCRIPT_API_ENABLED",
+        'lmcache.extraArgs has "--run-script-api-enabled", which is or abbreviates --run-script-api-enabled, a flag '
+        "the chart sets (the parsers accept unique prefixes and the last occurrence wins); remove it (it is fixed: "
+        "/run_script executes arbitrary Python and is never enabled)",
+    ),
+    "run_script env": (
+        {"lmcache": {"extraEnv": [{"name": "LMCACHE_RUN_SCRIPT_API_ENABLED", "value": "true"}]}},
+        "lmcache.extraEnv enables /run_script, which executes arbitrary Python sent to the unauthenticated admin API; "
+        "remove LMCACHE_RUN_SCRIPT_API_ENABLED",
+    ),
+    "unvalidated tp": (
+        {"profile": "glm53", "vllm": {"tensorParallelSize": 6}},
+        "vllm.tensorParallelSize=6 is not validated for GLM-5.3 (validated: TP 8); unset vllm.tensorParallelSize, or "
+        "set allowUnverified.tensorParallelSize=true to run an unvalidated size",
+    ),
+    "tp above the node's gpus, even opted in": (
+        {"profile": "glm53", "vllm": {"tensorParallelSize": 16}, "allowUnverified": {"tensorParallelSize": True}},
+        "tensor-parallel size 16 exceeds placement.gpusPerNode=8: one pod runs its whole TP group on one node, so it "
+        "could never schedule; set vllm.tensorParallelSize to at most 8 (the profile's is 8)",
+    ),
+    "fp8 kv cache unverified (glm53)": (
+        {"profile": "glm53", "vllm": {"kvCacheDtype": "fp8"}},
+        "vllm.kvCacheDtype=fp8 is unverified for GLM-5.3 (unverified: seed 001 says nothing about FP8 KV cache); set "
+        "vllm.kvCacheDtype=auto (BF16), or set allowUnverified.fp8KvCache=true and validate the pod (helm test)",
+    ),
+    "fp8 opt-in does not lift a known refusal (flash)": (
+        {"vllm": {"kvCacheDtype": "fp8_e4m3"}, "allowUnverified": {"fp8KvCache": True}},
+        "vllm.kvCacheDtype=fp8_e4m3 is not supported for GLM-5.3-Flash on Hopper (H200)",
+    ),
+    "batch invariant unverified (glm53)": (
+        {"profile": "glm53", "vllm": {"batchInvariant": True}},
+        "batch-invariant mode (VLLM_BATCH_INVARIANT=1) is unverified for GLM-5.3 (unverified: seed 001 says nothing "
+        "about batch-invariant mode); set vllm.batchInvariant=false and remove VLLM_BATCH_INVARIANT from "
+        "vllm.extraEnv, or set allowUnverified.batchInvariant=true and validate the pod (helm test)",
+    ),
+    "exporter port collision": (
+        {"exporter": {"enabled": True, "port": 8080}},
+        "exporter.port=8080 collides with a port the pod's containers already use (8000, 5555, 8080, 9090: vLLM's "
+        "API, LMCache's ZMQ and admin API, LMCache's Prometheus default); choose another, e.g. the default 9400",
+    ),
+    "validation across replicas": (
+        {"validation": {"enabled": True}, "replicaCount": 2},
+        "validation.enabled=true with replicaCount=2: `helm test` would reach the pods through the Service, so the "
+        "cache reset, the requests and the metrics read can land on different engines; set replicaCount=1 for the "
+        "validation install, or validation.baseUrl to one pod (http://<pod-ip>:8000)",
+    ),
+    "validation with an api key": (
+        {"validation": {"enabled": True}, "vllm": {"apiKeySecret": {"name": "vllm-key"}}},
+        "validation.enabled=true with vllm.apiKeySecret: glm53 validate sends no API key",
+    ),
+    "mock cannot negotiate": (
+        {"mock": {"enabled": True}, "lmcache": {"negotiate": True, "chunkSize": None}},
+        "mock.enabled=true with lmcache.negotiate=true: the mock image runs the released LMCache 0.5.6 server",
+    ),
+    "relative runbook links": (
+        {"monitoring": {"prometheusRule": {"enabled": True}}},
+        "monitoring.prometheusRule.enabled=true needs monitoring.prometheusRule.runbookBaseUrl: set it to the "
+        "absolute URL where docs/runbook.md is published",
     ),
     "mock without lmcache": (
         {"mock": {"enabled": True}, "lmcache": {"enabled": False}},
@@ -104,16 +160,79 @@ def test_guard_refuses_with_its_message(case: str) -> None:
     assert message in cli.value.message
 
 
+# Extra arguments that would undo a guard: each is, or abbreviates, a flag the chart owns (argparse's allow_abbrev;
+# vLLM's FlexibleArgumentParser also reads `_` as `-` and `--a.b` as a key of `--a`). (values key, argv, owned flag).
+BYPASSES: list[tuple[str, list[str], str]] = [
+    ("lmcache", ["--run-s"], "--run-script-api-enabled"),
+    ("lmcache", ["--run-script"], "--run-script-api-enabled"),
+    ("lmcache", ["--run-script-api"], "--run-script-api-enabled"),
+    ("lmcache", ["--run-script-api-enabled=true"], "--run-script-api-enabled"),
+    ("lmcache", ["--script-allowed-imports", "os"], "--script-allowed-imports"),
+    ("lmcache", ["--http-host", "0.0.0.0"], "--http-host"),
+    ("lmcache", ["--http-h", "0.0.0.0"], "--http-host"),
+    ("lmcache", ["--host=0.0.0.0"], "--host"),
+    ("lmcache", ["--chunk", "256"], "--chunk-size"),
+    ("lmcache", ["--no-separate-object-groups"], "--no-separate-object-groups"),
+    ("vllm", ["--kv-cache-dtype", "fp8"], "--kv-cache-dtype"),
+    ("vllm", ["--kv-cache-dtype=fp8"], "--kv-cache-dtype"),
+    ("vllm", ["--no-enable-prefix-caching"], "--no-enable-prefix-caching"),
+    ("vllm", ["--no-enable-p"], "--no-enable-prefix-caching"),
+    ("vllm", ["--tensor-parallel-size", "2"], "--tensor-parallel-size"),
+    ("vllm", ["--tensor_parallel_size=2"], "--tensor-parallel-size"),
+    ("vllm", ["--tensor-p", "2"], "--tensor-parallel-size"),
+    ("vllm", ["-tp", "2"], "-tp"),
+    ("vllm", ["--kv-transfer-config.kv_role", "kv_producer"], "--kv-transfer-config"),
+    ("vllm", ["--config", "/tmp/serve.yaml"], "--config"),
+    ("vllm", ["--api-key", "abc"], "--api-key"),
+    ("vllm", ["--no-enable-prompt-tokens-details"], "--no-enable-prompt-tokens-details"),
+]
+
+
+@pytest.mark.parametrize(("key", "argv", "flag"), BYPASSES, ids=[" ".join(b[1]) for b in BYPASSES])
+def test_extra_args_cannot_override_a_flag_the_chart_owns(key: str, argv: list[str], flag: str) -> None:
+    values = {key: {"extraArgs": argv}}
+    expected = f"{key}.extraArgs has {json.dumps(argv[0])}, which is or abbreviates {flag}, a flag the chart sets"
+    with pytest.raises(RenderError) as sdk:
+        render(values)
+    assert expected in sdk.value.message
+    with pytest.raises(RenderError) as cli:
+        render_cli(values)
+    assert expected in cli.value.message
+
+
+def test_dra_needs_kubernetes_1_34() -> None:
+    with pytest.raises(RenderError) as old:
+        render_cli({"dra": {"enabled": True}}, kube_version="1.33.0")
+    assert "dra.enabled=true needs resource.k8s.io/v1 (Kubernetes 1.34 or newer), but the target is v1.33.0" in (
+        old.value.message
+    )
+    assert render_cli({"dra": {"enabled": True}}, kube_version="1.34.0")
+
+
 @pytest.mark.parametrize(
     "values",
     [
-        {"vllm": {"kvCacheDtype": "fp8"}, "profile": "glm53"},  # GLM-5.3 has no Hopper FP8 restriction
-        {"vllm": {"batchInvariant": True}, "profile": "glm53"},
+        {"vllm": {"kvCacheDtype": "fp8"}, "profile": "glm53", "allowUnverified": {"fp8KvCache": True}},
+        {"vllm": {"batchInvariant": True}, "profile": "glm53", "allowUnverified": {"batchInvariant": True}},
+        {"validation": {"enabled": True, "baseUrl": "http://10.0.0.11:8000"}, "replicaCount": 2},
+        {"exporter": {"enabled": True, "port": 9401}},
+        {
+            "lmcache": {"extraArgs": ["--max-workers", "2"]},
+            "vllm": {"extraArgs": ["--kv-cache-dtype-skip-layers", "0"]},
+        },
         {"vllm": {"devMode": True}, "validation": {"enabled": True}},
         {"lmcache": {"chunkSize": 2304}},  # 2 x 1152
         {"lmcache": {"chunkSize": 1024}, "profile": "glm53"},  # the other validated GLM-5.3 size
-        {"vllm": {"tensorParallelSize": 8, "gpus": 8}, "lmcache": {"chunkSize": 2048}},  # explicit chunk: probe checks
-        {"vllm": {"tensorParallelSize": 8}, "lmcache": {"negotiate": True}},
+        {
+            "vllm": {"tensorParallelSize": 8, "gpus": 8},
+            "lmcache": {"chunkSize": 2048},
+            "allowUnverified": {"tensorParallelSize": True},
+        },  # probe checks
+        {
+            "vllm": {"tensorParallelSize": 8},
+            "lmcache": {"negotiate": True},
+            "allowUnverified": {"tensorParallelSize": True},
+        },
         {"lmcache": {"enabled": False}, "vllm": {"enablePrefixCaching": False}},
         {"vllm": {"extraEnv": [{"name": "VLLM_BATCH_INVARIANT", "value": "0"}]}},
     ],

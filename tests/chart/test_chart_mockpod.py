@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from chartkit import Obj, container, get, render, scenario_values
 
-PORTS = ("5555", "8080", "9090", "8000", "9400")
+PORTS = ("5555", "8080", "8000", "9400")
 DEADLINE_S = 60.0
 
 
@@ -54,7 +54,9 @@ class Pod:
     def start(self, name: str) -> None:
         c = container(self.objs, name)
         env = dict(self.env, **{e["name"]: e["value"] for e in c.get("env", []) if "value" in e})
-        cmd = self.rewrite([*c["command"], *c["args"]])
+        # tini is the container's PID 1 (it reaps, forwards signals); on this host the supervisor runs directly.
+        command = c["command"][c["command"].index("--") + 1 :] if c["command"][0].endswith("/tini") else c["command"]
+        cmd = self.rewrite([*command, *c["args"]])
         self.procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
 
     def run_probe(self, name: str, probe: str) -> subprocess.CompletedProcess[str]:
@@ -96,7 +98,7 @@ def run_pod(tmp_path: Path) -> Iterator[Any]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["mock", "mock-glm53", "mock-negotiating"])
+@pytest.mark.parametrize("name", ["mock", "mock-glm53"])
 def test_rendered_mock_pod_starts_and_passes_its_probes(name: str, run_pod: Any) -> None:
     pod: Pod = run_pod(scenario_values(name))
     pod.start("lmcache")
@@ -106,7 +108,8 @@ def test_rendered_mock_pod_starts_and_passes_its_probes(name: str, run_pod: Any)
     startup = pod.wait_probe("vllm", "startupProbe")
     assert startup.returncode == 0, startup.stdout + startup.stderr
     assert startup.stdout.startswith("ready:"), startup.stdout
-    readiness = pod.run_probe("vllm", "readinessProbe")
+    # The geometry lines precede the API server's start, so readiness may need a period or two, as on a kubelet.
+    readiness = pod.wait_probe("vllm", "readinessProbe")
     assert readiness.returncode == 0, readiness.stderr
     assert pod.run_probe("lmcache", "livenessProbe").returncode == 0
     base = f"http://127.0.0.1:{pod.ports['8000']}"

@@ -11,12 +11,14 @@ from chartkit import (
     RELEASE,
     Obj,
     container,
+    engine,
     flag_value,
     get,
     objects,
     one,
     pod_spec,
     render,
+    render_cli,
     scenario_values,
     scenarios,
 )
@@ -41,7 +43,7 @@ def all_containers(objs: list[Obj]) -> list[Obj]:
 
 def supervised(c: Obj) -> tuple[str, list[str]]:
     """(log file, program + args) of a container run under `glm53 supervise --log FILE -- ...`."""
-    assert c["command"] == ["glm53", "supervise"]
+    assert c["command"] == ["/usr/bin/tini", "--", "glm53", "supervise"]  # tini is PID 1, as in the images
     args: list[str] = c["args"]
     assert args[0] == "--log" and args[2] == "--", args[:3]
     return args[1], args[3:]
@@ -66,8 +68,7 @@ def test_default_flash_command_lines_are_exact() -> None:
     assert program == [
         "lmcache", "server", "--host", "127.0.0.1", "--port", "5555", "--chunk-size", "1152",
         "--separate-object-groups", "--l1-size-gb", "100", "--eviction-policy", "LRU",
-        "--http-host", "127.0.0.1", "--http-port", "8080", "--prometheus-port", "9090",
-        "--no-run-script-api-enabled",
+        "--http-host", "127.0.0.1", "--http-port", "8080", "--no-run-script-api-enabled",
     ]  # fmt: skip
     log, program = supervised(container(objs, "vllm"))
     assert log == "/var/log/glm53/vllm.log"
@@ -75,7 +76,7 @@ def test_default_flash_command_lines_are_exact() -> None:
     assert json.loads(flag_value(program, "--kv-transfer-config")) == FLASH_KV
     assert program[3:] == [
         "--host", "0.0.0.0", "--port", "8000", "--tensor-parallel-size", "4", "--enable-prefix-caching",
-        "--kv-transfer-config", flag_value(program, "--kv-transfer-config"),
+        "--enable-prompt-tokens-details", "--kv-transfer-config", flag_value(program, "--kv-transfer-config"),
         "--limit-mm-per-prompt", '{"image":0,"video":0}',
         "--tokenizer-mode", "glm5_next", "--tool-call-parser", "glm47", "--reasoning-parser", "glm47",
         "--kv-cache-dtype", "auto",
@@ -103,20 +104,51 @@ def test_mock_mode_runs_the_mocks_with_the_real_flags(name: str, real: str) -> N
     # `glm53 mock vllm MODEL --profile P` + exactly the real flags + the mock's load time.
     assert mock_vllm[:6] == ["glm53", "mock", "vllm", real_vllm[2], "--profile", profile]
     assert mock_vllm[6:] == [*real_vllm[3:], "--load-seconds", "5"]
+    # The sidecar is the real `lmcache server` in both modes; only the L1 size is the mock's.
     _, mock_lmcache = supervised(container(mock, "lmcache"))
     _, real_lmcache = supervised(container(gpu, "lmcache"))
-    assert mock_lmcache[:3] == ["glm53", "mock", "lmcache"]
-    expected = [*real_lmcache[2:], "--generation", "released"]
+    expected = list(real_lmcache)
     expected[expected.index("--l1-size-gb") + 1] = "1"
-    assert mock_lmcache[3:] == expected
+    assert mock_lmcache == expected
     assert all(c["image"] == "glm53/mock:0.1.0" for c in all_containers(mock))
 
 
-def test_negotiating_mock_passes_no_chunk_size() -> None:
-    objs = scenario("mock-negotiating")
+def test_sidecar_flags_are_the_cpu_pods_builder() -> None:
+    """The chart and `glm53 pod` run the same sidecar command line, built in two places that must agree."""
+    from glm53.sidecar import lmcache_server_command
+
+    _, program = supervised(container(scenario("mock"), "lmcache"))
+    built = lmcache_server_command(
+        ("lmcache", "server"), port=5555, http_port=8080, chunk_size=1152, separate_object_groups=True, l1_size_gb=1
+    )
+    assert program == list(built.argv)
+    env = {e["name"]: e["value"] for e in container(scenario("mock"), "lmcache")["env"]}
+    assert built.env.items() <= env.items()
+
+
+def test_telemetry_is_off_in_both_containers_by_visible_defaults() -> None:
+    for name in ("default", "mock"):
+        objs = scenario(name)
+        lmcache = {e["name"]: e.get("value") for e in container(objs, "lmcache")["env"]}
+        vllm = {e["name"]: e.get("value") for e in container(objs, "vllm")["env"]}
+        assert (lmcache["LMCACHE_TRACK_USAGE"], lmcache["DO_NOT_TRACK"]) == ("false", "1")
+        assert (vllm["VLLM_NO_USAGE_STATS"], vllm["DO_NOT_TRACK"]) == ("1", "1")
+    # A user who wants usage reporting sets the entries to null (Helm deletes them); nothing else adds them back.
+    vllm_off = {"VLLM_NO_USAGE_STATS": None, "DO_NOT_TRACK": None}
+    quiet = render(
+        {
+            "vllm": {"telemetryEnv": vllm_off},
+            "lmcache": {"telemetryEnv": {"LMCACHE_TRACK_USAGE": None, "DO_NOT_TRACK": None}},
+        }
+    )
+    names = {e["name"] for c in all_containers(quiet) for e in c.get("env", [])}
+    assert not names & {"LMCACHE_TRACK_USAGE", "DO_NOT_TRACK", "VLLM_NO_USAGE_STATS"}
+
+
+def test_negotiating_build_gets_no_chunk_size() -> None:
+    objs = scenario("negotiating")
     _, lmcache = supervised(container(objs, "lmcache"))
     assert "--chunk-size" not in lmcache
-    assert flag_value(lmcache, "--generation") == "negotiating"
     assert "--chunk-size" not in get(container(objs, "vllm"), "startupProbe.exec.command")
 
 
@@ -126,7 +158,7 @@ def test_exporter_container_reads_the_logs_and_both_metric_endpoints() -> None:
     assert exporter["command"] == ["glm53", "exporter"]
     assert exporter["args"] == [
         *LOGS, "--profile", "glm53-flash", "--tensor-parallel-size", "4", "--chunk-size", "1152",
-        "--vllm-url", "http://127.0.0.1:8000", "--lmcache-url", "http://127.0.0.1:9090",
+        "--vllm-url", "http://127.0.0.1:8000", "--lmcache-url", "http://127.0.0.1:8080",
         "--port", "9400", "--host", "0.0.0.0",
     ]  # fmt: skip
     assert get(exporter, "ports[name=metrics].containerPort") == 9400
@@ -197,10 +229,11 @@ def test_lmcache_binds_loopback_and_never_enables_run_script(name: str) -> None:
     # Only the API (and exporter) ports are declared, exposed or admitted.
     for c in all_containers(objs):
         assert {p["containerPort"] for p in c.get("ports", [])} <= {8000, 9400}
-    assert {p["port"] for p in get(one(objs, "Service"), "spec.ports")} <= {8000, 9400}
+    assert {p["port"] for p in get(engine(objs, "Service"), "spec.ports")} <= {8000, 9400}
+    # No policy (the router's included) admits an LMCache port.
     for policy in objects(objs, "NetworkPolicy"):
         for rule in policy["spec"].get("ingress", []):
-            assert {p["port"] for p in rule["ports"]} <= {"http", "metrics"}
+            assert not {str(p["port"]) for p in rule["ports"]} & set(LOOPBACK_PORTS)
 
 
 def test_network_policy_admits_the_api_from_allowed_namespaces_only() -> None:
@@ -234,7 +267,7 @@ def test_gpu_pods_request_tp_gpus_on_h200_nodes(name: str, gpus: int) -> None:
     assert get(container(objs, "lmcache"), "resources.requests.memory") == "108Gi"
 
 
-@pytest.mark.parametrize("name", ["mock", "mock-glm53", "mock-negotiating"])
+@pytest.mark.parametrize("name", ["mock", "mock-glm53"])
 def test_mock_pods_request_no_gpus_and_no_gpu_placement(name: str) -> None:
     objs = scenario(name)
     spec = pod_spec(objs)
@@ -242,6 +275,12 @@ def test_mock_pods_request_no_gpus_and_no_gpu_placement(name: str) -> None:
     for key in ("runtimeClassName", "nodeSelector", "tolerations"):
         assert key not in spec
     assert get(spec, "volumes[name=weights].emptyDir") == {}
+
+
+def test_mock_mode_alone_creates_no_weights_pvc() -> None:
+    objs = render({"mock": {"enabled": True}})  # weights.source stays at its default, newPvc
+    assert objects(objs, "PersistentVolumeClaim") == []
+    assert get(pod_spec(objs), "volumes[name=weights].emptyDir") == {}
 
 
 def test_gpu_access_none_hides_devices_from_the_sidecar() -> None:
@@ -328,7 +367,7 @@ def test_every_container_is_locked_down(name: str) -> None:
             assert context["capabilities"] == {"drop": ["ALL"]}
             assert context["seccompProfile"] == {"type": "RuntimeDefault"}
     account = objects(objs, "ServiceAccount")
-    assert [a["automountServiceAccountToken"] for a in account] == [False]
+    assert account and all(a["automountServiceAccountToken"] is False for a in account)
 
 
 def test_validation_pod_admits_no_traffic() -> None:
@@ -362,3 +401,60 @@ def test_monitoring_objects() -> None:
     assert get(dashboard, "metadata.labels.grafana_dashboard") == "1"
     assert json.loads(dashboard["data"]["glm53-dashboard.json"])["panels"]
     assert [p["name"] for p in get(one(objs, "Service"), "spec.ports")] == ["http", "metrics"]
+
+
+# --- hardening: DRA, API key, dev-mode exposure, runbook links ------------------------------------------------------
+
+
+def test_dra_gives_engine_and_sidecar_one_shared_claim_instead_of_device_plugin_gpus() -> None:
+    objs = render_cli({"dra": {"enabled": True}}, "1.34.0")
+    template = one(objs, "ResourceClaimTemplate")
+    assert template["apiVersion"] == "resource.k8s.io/v1"
+    assert get(template, "spec.spec.devices.requests") == [
+        {"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 4}}
+    ]
+    spec = pod_spec(objs)
+    assert spec["resourceClaims"] == [{"name": "gpus", "resourceClaimTemplateName": template["metadata"]["name"]}]
+    for name in ("vllm", "lmcache"):
+        resources = container(objs, name)["resources"]
+        assert resources["claims"] == [{"name": "gpus"}]
+        assert "nvidia.com/gpu" not in json.dumps(resources)
+    assert "NVIDIA_VISIBLE_DEVICES" not in json.dumps(container(objs, "lmcache")["env"])
+    assert objects(render({"dra": {"enabled": True}, "mock": {"enabled": True}}), "ResourceClaimTemplate") == []
+
+
+def test_api_key_comes_from_a_secret_and_readiness_sends_it() -> None:
+    objs = render({"vllm": {"apiKeySecret": {"name": "vllm-key"}}})
+    vllm = container(objs, "vllm")
+    assert get(vllm, "env[name=VLLM_API_KEY].valueFrom") == {"secretKeyRef": {"name": "vllm-key", "key": "api-key"}}
+    assert "--api-key" not in vllm["args"]
+    script = get(vllm, "readinessProbe.exec.command")[2]
+    assert "'Authorization': 'Bearer ' + os.environ['VLLM_API_KEY']" in script
+    compile(script, "readiness", "exec")
+    assert "VLLM_API_KEY" not in get(container(scenario("default"), "vllm"), "readinessProbe.exec.command")[2]
+
+
+def test_dev_mode_admits_the_api_port_from_the_test_pod_not_the_whole_namespace() -> None:
+    objs = scenario("validation")
+    policy = engine(objs, "NetworkPolicy")
+    sources = get(policy, "spec.ingress[0].from")
+    assert sources[0] == {
+        "podSelector": {
+            "matchLabels": {
+                "app.kubernetes.io/name": "glm53",
+                "app.kubernetes.io/instance": RELEASE,
+                "app.kubernetes.io/component": "validation",
+            }
+        }
+    }
+    assert NAMESPACE not in json.dumps(sources)
+    # One pod named by URL lifts the single-replica rule.
+    pod = one(render({"validation": {"enabled": True, "baseUrl": "http://10.0.0.11:8000"}, "replicaCount": 2}), "Pod")
+    assert get(pod, "spec.containers[0].args")[:2] == ["--base-url", "http://10.0.0.11:8000"]
+
+
+def test_alerts_link_the_runbook_by_absolute_url() -> None:
+    rule = one(scenario("monitoring"), "PrometheusRule")
+    urls = [r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert urls
+    assert all(u.startswith("https://docs.example.com/glm53/runbook#") for u in urls), urls

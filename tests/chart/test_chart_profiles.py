@@ -59,7 +59,9 @@ def test_rendered_pod_agrees_with_the_profile(name: str) -> None:
 
 def test_tensor_parallel_override_keeps_fixed_block_profiles_chunk() -> None:
     # GLM-5.3's block of 64 does not depend on TP, so its recommendation holds at TP 4 too; the GPUs follow TP.
-    objs = render({"profile": "glm53", "vllm": {"tensorParallelSize": 4}})
+    objs = render(
+        {"profile": "glm53", "vllm": {"tensorParallelSize": 4}, "allowUnverified": {"tensorParallelSize": True}}
+    )
     assert flag_value(container(objs, "lmcache")["args"], "--chunk-size") == "256"
     assert get(container(objs, "vllm"), "resources.limits.nvidia\\.com/gpu") == 4
     assert flag_value(container(objs, "vllm")["args"], "--tensor-parallel-size") == "4"

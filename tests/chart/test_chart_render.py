@@ -7,6 +7,7 @@ import kubernetes_validate
 import pytest
 from chartkit import (
     CRD_KINDS,
+    NEWER_KUBE_RENDERS,
     NEWEST_KUBE,
     OLDEST_KUBE,
     Obj,
@@ -49,10 +50,7 @@ def test_lint_strict_passes_with_both_engines(scenario: str) -> None:
     assert [m for m in report["messages"] if m["severity"] >= 2] == []
 
 
-@pytest.mark.parametrize("kube_version", [OLDEST_KUBE, NEWEST_KUBE])
-@pytest.mark.parametrize("scenario", SCENARIOS)
-def test_objects_pass_kubernetes_schemas_strictly(scenario: str, kube_version: str) -> None:
-    objs = render_cli(scenario_values(scenario), kube_version)
+def _validate_strictly(objs: list[Obj], kube_version: str) -> int:
     checked = 0
     for obj in objs:
         if obj["kind"] in CRD_KINDS:
@@ -62,7 +60,25 @@ def test_objects_pass_kubernetes_schemas_strictly(scenario: str, kube_version: s
         except kubernetes_validate.ValidationError as error:
             pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} invalid for Kubernetes {kube_version}: {error}")
         checked += 1
+    return checked
+
+
+@pytest.mark.parametrize("kube_version", [OLDEST_KUBE, NEWEST_KUBE])
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_objects_pass_kubernetes_schemas_strictly(scenario: str, kube_version: str) -> None:
+    checked = _validate_strictly(render_cli(scenario_values(scenario), kube_version), kube_version)
     assert checked >= 4  # Deployment, Service, ServiceAccount, NetworkPolicy at least
+
+
+@pytest.mark.parametrize("kube_version", ["oldest", NEWEST_KUBE])
+@pytest.mark.parametrize("name", sorted(NEWER_KUBE_RENDERS))
+def test_newer_kubernetes_renders_pass_their_schemas_strictly(name: str, kube_version: str) -> None:
+    """The DRA render (resource.k8s.io/v1 is GA from 1.34) against the 1.34 and the newest schemas."""
+    values, oldest = NEWER_KUBE_RENDERS[name]
+    version = oldest if kube_version == "oldest" else kube_version
+    objs = render_cli(values, version)
+    assert sorted(render(values), key=repr) == sorted(render_cli(values, NEWEST_KUBE), key=repr)
+    assert _validate_strictly(objs, version) >= 5
 
 
 def test_the_chart_refuses_kubernetes_older_than_1_29() -> None:

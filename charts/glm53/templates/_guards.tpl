@@ -9,6 +9,62 @@ Deployment, so every render (install, template, lint) runs them.
 {{- range .env }}{{ if and (eq (toString .name) $.name) (not (has (lower (toString .value)) (list "" "0" "false"))) }}true{{ end }}{{ end }}
 {{- end }}
 
+{{/*
+Flags the chart owns, each with the value that sets it (JSON object; short aliases keep their dash). vLLM 0.33 and
+LMCache 0.5.6 parse with argparse, which accepts any unique prefix of a long flag (allow_abbrev) and keeps a flag's last
+occurrence; vLLM's FlexibleArgumentParser also reads `--a_b` as `--a-b` and `--a.b` as a key of `--a`
+(vllm/utils/argparse_utils.py:378-394). So an extra argument that is, or abbreviates, one of these is refused.
+*/}}
+{{- define "glm53.vllmOwnedFlags" -}}
+{{- $tp := "set vllm.tensorParallelSize instead" }}
+{{- $prefix := "set vllm.enablePrefixCaching instead" }}
+{{- $details := "it is always on: glm53 validate and the exporter read usage.prompt_tokens_details" }}
+{{- $pod := "one pod runs exactly one tensor-parallel group on its own GPUs: scale out with replicaCount" }}
+{{- $fixed := "it is the pod's wiring: service.port maps the API" }}
+{{- dict "model" "set vllm.model instead" "host" $fixed "port" $fixed "tensor-parallel-size" $tp "-tp" $tp
+  "enable-prefix-caching" $prefix "no-enable-prefix-caching" $prefix
+  "kv-transfer-config" "the chart wires the LMCacheMPConnector to its sidecar: set lmcache.enabled instead"
+  "kv-events-config" "set router.policy=kv_aware instead (the chart wires the events to the router)"
+  "kv-cache-dtype" "set vllm.kvCacheDtype instead" "enable-prompt-tokens-details" $details "no-enable-prompt-tokens-details" $details
+  "served-model-name" "set vllm.servedModelName instead" "speculative-config" "set vllm.speculativeDecoding instead" "-sc" "set vllm.speculativeDecoding instead"
+  "limit-mm-per-prompt" "set vllm.textOnly=false instead" "api-key" "set vllm.apiKeySecret instead: a key on the command line is readable in the pod"
+  "config" "use values: a --config file could set any flag the chart owns"
+  "data-parallel-size" $pod "-dp" $pod "pipeline-parallel-size" $pod "-pp" $pod | toJson }}
+{{- end }}
+
+{{- define "glm53.lmcacheOwnedFlags" -}}
+{{- $wire := "it is fixed: the engine's connector dials loopback 5555 over ZMQ" }}
+{{- $admin := "it is fixed: the admin API has no authentication and stays on 127.0.0.1:8080" }}
+{{- $script := "it is fixed: /run_script executes arbitrary Python and is never enabled" }}
+{{- dict "host" $wire "port" $wire "transport" $wire "chunk-size" "set lmcache.chunkSize instead"
+  "separate-object-groups" "set lmcache.separateObjectGroups instead" "no-separate-object-groups" "set lmcache.separateObjectGroups instead"
+  "l1-size-gb" "set lmcache.l1SizeGb instead" "eviction-policy" "set lmcache.evictionPolicy instead" "http-host" $admin "http-port" $admin
+  "run-script-api-enabled" $script "no-run-script-api-enabled" $script "script-allowed-imports" $script | toJson }}
+{{- end }}
+
+{{/*
+Fails on the first extra argument that is, or abbreviates, an owned flag (or is `--`, which would turn the chart's
+flags into positionals). Call with (dict "key" VALUES-PATH "args" LIST "owned" OBJECT).
+*/}}
+{{- define "glm53.refuseOwnedFlags" -}}
+{{- $owned := .owned }}
+{{- range .args }}
+{{- $arg := toString . }}
+{{- if eq $arg "--" }}
+{{- fail (printf "%s has \"--\", which would turn the chart's own flags into positional arguments; remove it" $.key) }}
+{{- end }}
+{{- $long := hasPrefix "--" $arg }}
+{{- $name := ternary (regexReplaceAll "[=.].*$" (trimPrefix "--" $arg) "" | replace "_" "-") (regexReplaceAll "=.*$" $arg "") $long }}
+{{- if and (hasPrefix "-" $arg) (gt (len $name) (ternary 0 1 $long)) }}
+{{- range $flag := keys $owned | sortAlpha }}
+{{- if and (eq $long (not (hasPrefix "-" $flag))) (hasPrefix $name $flag) }}
+{{- fail (printf "%s has %q, which is or abbreviates %s, a flag the chart sets (the parsers accept unique prefixes and the last occurrence wins); remove it (%s)" $.key $arg (ternary (printf "--%s" $flag) $flag $long) (get $owned $flag)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{- define "glm53.guards" -}}
 {{- $p := include "glm53.profile" . | fromJson }}
 {{- $v := .Values.vllm }}
@@ -16,24 +72,71 @@ Deployment, so every render (install, template, lint) runs them.
 {{- $tp := include "glm53.tensorParallelSize" . | int }}
 {{- $gpus := include "glm53.gpus" . | int }}
 
+{{- if gt $tp (int .Values.placement.gpusPerNode) }}
+{{- fail (printf "tensor-parallel size %d exceeds placement.gpusPerNode=%d: one pod runs its whole TP group on one node, so it could never schedule; set vllm.tensorParallelSize to at most %d (the profile's is %d)" $tp (int .Values.placement.gpusPerNode) (int .Values.placement.gpusPerNode) (int $p.tensorParallelSize)) }}
+{{- end }}
+
+{{- if and (ne $tp (int $p.tensorParallelSize)) (not .Values.allowUnverified.tensorParallelSize) }}
+{{- fail (printf "vllm.tensorParallelSize=%d is not validated for %s (validated: TP %d); unset vllm.tensorParallelSize, or set allowUnverified.tensorParallelSize=true to run an unvalidated size" $tp $p.displayName (int $p.tensorParallelSize)) }}
+{{- end }}
+
 {{- if ne $gpus $tp }}
 {{- fail (printf "vllm.gpus=%d does not match the tensor-parallel size %d: one pod runs the whole TP group on exactly TP GPUs; unset vllm.gpus or set vllm.gpus and vllm.tensorParallelSize to the same number" $gpus $tp) }}
 {{- end }}
 
-{{- if and (hasPrefix "fp8" $v.kvCacheDtype) (not $p.fp8KvCacheHopperOk) }}
+{{- $unverified := .Values.allowUnverified }}
+{{- if hasPrefix "fp8" $v.kvCacheDtype }}
+{{- if and (kindIs "bool" $p.fp8KvCacheHopperOk) (not $p.fp8KvCacheHopperOk) }}
 {{- fail (printf "vllm.kvCacheDtype=%s is not supported for %s on Hopper (H200): its FP8 KV cache is Blackwell-only and not validated with LMCache; set vllm.kvCacheDtype=auto (BF16)" $v.kvCacheDtype $p.displayName) }}
+{{- else if and (kindIs "invalid" $p.fp8KvCacheHopperOk) (not $unverified.fp8KvCache) }}
+{{- fail (printf "vllm.kvCacheDtype=%s is unverified for %s (%s); set vllm.kvCacheDtype=auto (BF16), or set allowUnverified.fp8KvCache=true and validate the pod (helm test)" $v.kvCacheDtype $p.displayName (get $p.basis "fp8KvCacheHopperOk")) }}
+{{- end }}
 {{- end }}
 
 {{- if and $l.enabled (not $v.enablePrefixCaching) }}
 {{- fail "vllm.enablePrefixCaching=false while lmcache.enabled=true: LMCache stores and reuses only prefix-cached blocks (and a KDA hybrid keeps its state only in the align mode prefix caching selects); set vllm.enablePrefixCaching=true, or lmcache.enabled=false for a run without LMCache" }}
 {{- end }}
 
-{{- if and (not $p.batchInvariantOk) (or $v.batchInvariant (include "glm53.envEnabled" (dict "env" $v.extraEnv "name" "VLLM_BATCH_INVARIANT"))) }}
+{{- $batchInvariant := or $v.batchInvariant (include "glm53.envEnabled" (dict "env" $v.extraEnv "name" "VLLM_BATCH_INVARIANT")) }}
+{{- if and $batchInvariant (kindIs "invalid" $p.batchInvariantOk) (not $unverified.batchInvariant) }}
+{{- fail (printf "batch-invariant mode (VLLM_BATCH_INVARIANT=1) is unverified for %s (%s); set vllm.batchInvariant=false and remove VLLM_BATCH_INVARIANT from vllm.extraEnv, or set allowUnverified.batchInvariant=true and validate the pod (helm test)" $p.displayName (get $p.basis "batchInvariantOk")) }}
+{{- end }}
+{{- if and $batchInvariant (kindIs "bool" $p.batchInvariantOk) (not $p.batchInvariantOk) }}
 {{- fail (printf "batch-invariant mode (VLLM_BATCH_INVARIANT=1) does not start %s on vLLM 0.33: no sparse-MLA backend supports batch invariance; set vllm.batchInvariant=false, remove VLLM_BATCH_INVARIANT from vllm.extraEnv, and compare runs at the log-prob level (glm53 validate)" $p.displayName) }}
 {{- end }}
 
 {{- if and (or $v.devMode (include "glm53.envEnabled" (dict "env" $v.extraEnv "name" "VLLM_SERVER_DEV_MODE"))) (not .Values.validation.enabled) }}
 {{- fail "vLLM dev mode (vllm.devMode or VLLM_SERVER_DEV_MODE in vllm.extraEnv) without validation.enabled=true: it exposes unauthenticated admin endpoints and is only for the validation run; set validation.enabled=true on a test cluster (it turns dev mode on by itself), or turn dev mode off" }}
+{{- end }}
+
+{{- if not .Values.mock.enabled }}
+{{- include "glm53.refuseOwnedFlags" (dict "key" "vllm.extraArgs" "args" $v.extraArgs "owned" (include "glm53.vllmOwnedFlags" . | fromJson)) }}
+{{- end }}
+{{- include "glm53.refuseOwnedFlags" (dict "key" "lmcache.extraArgs" "args" $l.extraArgs "owned" (include "glm53.lmcacheOwnedFlags" . | fromJson)) }}
+
+{{- if has (toString (int .Values.exporter.port)) (include "glm53.reservedPorts" . | fromJsonArray) }}
+{{- fail (printf "exporter.port=%d collides with a port the pod's containers already use (%s: vLLM's API, LMCache's ZMQ and admin API, LMCache's Prometheus default); choose another, e.g. the default 9400" (int .Values.exporter.port) (include "glm53.reservedPorts" . | fromJsonArray | join ", ")) }}
+{{- end }}
+
+{{- if .Values.validation.enabled }}
+{{- if and (gt (int .Values.replicaCount) 1) (not .Values.validation.baseUrl) }}
+{{- fail (printf "validation.enabled=true with replicaCount=%d: `helm test` would reach the pods through the Service, so the cache reset, the requests and the metrics read can land on different engines; set replicaCount=1 for the validation install, or validation.baseUrl to one pod (http://<pod-ip>:8000)" (int .Values.replicaCount)) }}
+{{- end }}
+{{- if $v.apiKeySecret.name }}
+{{- fail "validation.enabled=true with vllm.apiKeySecret: glm53 validate sends no API key, so every /v1 request of the test would get 401; validate without the key on a test cluster, or set validation.enabled=false" }}
+{{- end }}
+{{- end }}
+
+{{- if and .Values.dra.enabled (not .Values.mock.enabled) (not (semverCompare ">=1.34.0-0" .Capabilities.KubeVersion.Version)) }}
+{{- fail (printf "dra.enabled=true needs resource.k8s.io/v1 (Kubernetes 1.34 or newer), but the target is %s; set dra.enabled=false to request nvidia.com/gpu through the device plugin" .Capabilities.KubeVersion.Version) }}
+{{- end }}
+
+{{- if and .Values.mock.enabled $l.negotiate }}
+{{- fail "mock.enabled=true with lmcache.negotiate=true: the mock image runs the released LMCache 0.5.6 server, which does not negotiate the chunk size; set lmcache.negotiate=false (the chart then passes the profile's chunk size)" }}
+{{- end }}
+
+{{- if and .Values.monitoring.prometheusRule.enabled (not .Values.monitoring.prometheusRule.runbookBaseUrl) }}
+{{- fail "monitoring.prometheusRule.enabled=true needs monitoring.prometheusRule.runbookBaseUrl: set it to the absolute URL where docs/runbook.md is published (alert receivers cannot open a path inside this repository)" }}
 {{- end }}
 
 {{- if and .Values.mock.enabled (not $l.enabled) }}
@@ -44,8 +147,8 @@ Deployment, so every render (install, template, lint) runs them.
 {{- if and $p.separateObjectGroupsRequired (not $l.separateObjectGroups) }}
 {{- fail (printf "lmcache.separateObjectGroups=false, but %s is a hybrid whose state groups need their own cache objects; set lmcache.separateObjectGroups=true" $p.displayName) }}
 {{- end }}
-{{- if or (has "--run-script-api-enabled" $l.extraArgs) (include "glm53.envEnabled" (dict "env" $l.extraEnv "name" "LMCACHE_RUN_SCRIPT_API_ENABLED")) }}
-{{- fail "lmcache.extraArgs/extraEnv enable /run_script, which executes arbitrary Python sent to the unauthenticated admin API; remove --run-script-api-enabled and LMCACHE_RUN_SCRIPT_API_ENABLED" }}
+{{- if include "glm53.envEnabled" (dict "env" $l.extraEnv "name" "LMCACHE_RUN_SCRIPT_API_ENABLED") }}
+{{- fail "lmcache.extraEnv enables /run_script, which executes arbitrary Python sent to the unauthenticated admin API; remove LMCACHE_RUN_SCRIPT_API_ENABLED" }}
 {{- end }}
 {{- if not $l.negotiate }}
 {{- $align := include "glm53.alignment" . }}

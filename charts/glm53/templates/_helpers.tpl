@@ -149,8 +149,15 @@ vLLM's unified block size N) at another TP size it is N where N was measured the
 {{- define "glm53.loopback" -}}127.0.0.1{{- end }}
 {{- define "glm53.lmcachePort" -}}5555{{- end }}
 {{- define "glm53.lmcacheHttpPort" -}}8080{{- end }}
-{{- define "glm53.lmcachePrometheusPort" -}}9090{{- end }}
 {{- define "glm53.vllmPort" -}}8000{{- end }}
+{{/*
+Ports the pod's containers own, which no other container port may take. 9090 is LMCache's `--prometheus-port`
+default: `lmcache server` opens no listener on it (its /metrics is on the HTTP port), but the bare MP server module
+does (lmcache 0.5.6 lmcache/v1/mp_observability/config.py), so it stays reserved.
+*/}}
+{{- define "glm53.reservedPorts" -}}
+{{- list (include "glm53.vllmPort" .) (include "glm53.lmcachePort" .) (include "glm53.lmcacheHttpPort" .) "9090" | toJson }}
+{{- end }}
 
 {{- define "glm53.kvTransferConfig" -}}
 {{- $extra := dict "lmcache.mp.host" (printf "tcp://%s" (include "glm53.loopback" .)) "lmcache.mp.port" (include "glm53.lmcachePort" . | int) }}
@@ -164,11 +171,16 @@ vLLM's unified block size N) at another TP size it is N where N was measured the
 {{- $p := include "glm53.profile" . | fromJson }}
 {{- $v := .Values.vllm }}
 {{- $args := list (include "glm53.model" .) }}
-{{- if .Values.mock.enabled }}{{ $args = concat $args (list "--profile" .Values.profile) }}{{ end }}
+{{- if .Values.mock.enabled }}{{ $args = concat $args (list "--profile" .Values.profile) }}{{ else }}{{ $args = concat $args $v.extraArgs }}{{ end }}
 {{- $args = concat $args (list "--host" "0.0.0.0" "--port" (include "glm53.vllmPort" .)) }}
 {{- $args = concat $args (list "--tensor-parallel-size" (include "glm53.tensorParallelSize" .)) }}
 {{- if $v.enablePrefixCaching }}{{ $args = append $args "--enable-prefix-caching" }}{{ else }}{{ $args = append $args "--no-enable-prefix-caching" }}{{ end }}
+{{- /* glm53 validate and the exporter read usage.prompt_tokens_details.cached_tokens, which vLLM 0.33 reports only
+with this flag (vllm/entrypoints/common/cli_args.py, FrontendArgs.enable_prompt_tokens_details). */}}
+{{- $args = append $args "--enable-prompt-tokens-details" }}
 {{- if .Values.lmcache.enabled }}{{ $args = concat $args (list "--kv-transfer-config" (include "glm53.kvTransferConfig" .)) }}{{ end }}
+{{- /* The router's kv_aware policy needs the engines' KV-cache events (templates/router/_router.tpl); the mock has none. */}}
+{{- if not .Values.mock.enabled }}{{ $args = concat $args (include "glm53.router.engineArgs" . | fromJsonArray) }}{{ end }}
 {{- if and $v.textOnly $p.textOnlyFlag.value }}{{ $args = concat $args (list $p.textOnlyFlag.flag $p.textOnlyFlag.value) }}{{ end }}
 {{- if $v.servingExtras }}{{ range $p.servingExtras }}{{ $args = concat $args (list .flag .value) }}{{ end }}{{ end }}
 {{- $args = concat $args (list "--kv-cache-dtype" $v.kvCacheDtype) }}
@@ -179,29 +191,32 @@ vLLM's unified block size N) at another TP size it is N where N was measured the
 {{- end }}
 {{- if .Values.mock.enabled }}
 {{- $args = concat $args (list "--load-seconds" (toString .Values.mock.loadSeconds)) .Values.mock.vllmExtraArgs }}
-{{- else }}
-{{- $args = concat $args $v.extraArgs }}
 {{- end }}
 {{- toJson $args }}
 {{- end }}
 
-{{/* `lmcache server` / `glm53 mock lmcache` arguments after the program: loopback binds, never /run_script. */}}
+{{/*
+`lmcache server` arguments after the program, in every mode (the mock image runs the real server too): the user's
+extraArgs first, then the chart's flags, so the parser's last-occurrence-wins rule keeps loopback binds and /run_script
+off. The same flags, in the same order, as glm53.sidecar.lmcache_server_command (the CPU pod's builder).
+*/}}
 {{- define "glm53.lmcacheServerArgs" -}}
 {{- $l := .Values.lmcache }}
 {{- $lo := include "glm53.loopback" . }}
-{{- $args := list "--host" $lo "--port" (include "glm53.lmcachePort" .) }}
+{{- $args := concat $l.extraArgs (list "--host" $lo "--port" (include "glm53.lmcachePort" .)) }}
 {{- with include "glm53.chunkSize" . }}{{ $args = concat $args (list "--chunk-size" .) }}{{ end }}
 {{- if $l.separateObjectGroups }}{{ $args = append $args "--separate-object-groups" }}{{ end }}
 {{- $l1 := $l.l1SizeGb }}{{ if .Values.mock.enabled }}{{ $l1 = .Values.mock.l1SizeGb }}{{ end }}
 {{- $args = concat $args (list "--l1-size-gb" (toString $l1) "--eviction-policy" $l.evictionPolicy) }}
-{{- $args = concat $args (list "--http-host" $lo "--http-port" (include "glm53.lmcacheHttpPort" .) "--prometheus-port" (include "glm53.lmcachePrometheusPort" .)) }}
-{{- $args = append $args "--no-run-script-api-enabled" }}
-{{- if .Values.mock.enabled }}
-{{- $args = concat $args (list "--generation" (ternary "negotiating" "released" $l.negotiate)) }}
-{{- else }}
-{{- $args = concat $args $l.extraArgs }}
+{{- $args = concat $args (list "--http-host" $lo "--http-port" (include "glm53.lmcacheHttpPort" .)) }}
+{{- append $args "--no-run-script-api-enabled" | toJson }}
 {{- end }}
-{{- toJson $args }}
+
+{{/* PID 1 of the engine and sidecar containers: Debian's tini (both images install it) in front of `glm53 supervise`.
+A pod's `command` replaces the image's ENTRYPOINT, so the chart names tini itself: it reaps orphans and forwards
+signals even if the supervisor were to miss one. */}}
+{{- define "glm53.supervisorCommand" -}}
+["/usr/bin/tini", "--", "glm53", "supervise"]
 {{- end }}
 
 {{/* `glm53 supervise` arguments for one server. Call with (dict "ctx" $ "log" PATH "program" LIST "args" LIST). */}}
@@ -215,8 +230,7 @@ vLLM's unified block size N) at another TP size it is N where N was measured the
 {{- end }}
 
 {{- define "glm53.lmcacheContainerArgs" -}}
-{{- $program := ternary (list "glm53" "mock" "lmcache") (list "lmcache" "server") .Values.mock.enabled }}
-{{- include "glm53.superviseArgs" (dict "log" (include "glm53.lmcacheLog" .) "program" $program "args" (include "glm53.lmcacheServerArgs" . | fromJsonArray)) }}
+{{- include "glm53.superviseArgs" (dict "log" (include "glm53.lmcacheLog" .) "program" (list "lmcache" "server") "args" (include "glm53.lmcacheServerArgs" . | fromJsonArray)) }}
 {{- end }}
 
 {{/*
@@ -236,19 +250,25 @@ value (the probe derives what a negotiating server resolves it to), so it is pas
 {{- $args = concat $args (list "--tensor-parallel-size" (include "glm53.tensorParallelSize" .)) }}
 {{- with include "glm53.chunkSize" . }}{{ $args = concat $args (list "--chunk-size" .) }}{{ end }}
 {{- $lo := include "glm53.loopback" . }}
-{{- $args = concat $args (list "--vllm-url" (printf "http://%s:%s" $lo (include "glm53.vllmPort" .)) "--lmcache-url" (printf "http://%s:%s" $lo (include "glm53.lmcachePrometheusPort" .))) }}
+{{- $args = concat $args (list "--vllm-url" (printf "http://%s:%s" $lo (include "glm53.vllmPort" .)) "--lmcache-url" (printf "http://%s:%s" $lo (include "glm53.lmcacheHttpPort" .))) }}
 {{- concat $args (list "--port" (toString .Values.exporter.port) "--host" "0.0.0.0") | toJson }}
 {{- end }}
 
 {{/*
 An exec probe doing HTTP GETs over loopback with the image's python3 (the LMCache admin API binds 127.0.0.1 only, and
-kubelet httpGet probes go to the pod IP). Call with (dict "urls" LIST "model" NAME-or-""); with a model, the last URL
-must be /v1/models and list it. Prints one line on failure.
+kubelet httpGet probes go to the pod IP). Call with (dict "urls" LIST "model" NAME-or-"" "auth" BOOL); with a model, the
+last URL must be /v1/models and list it; with auth, requests carry the container's VLLM_API_KEY as a bearer token.
+Prints one line on failure.
 */}}
 {{- define "glm53.httpCheckCommand" -}}
 {{- $script := list (ternary "import json, sys, urllib.request as r" "import sys, urllib.request as r" (not (empty .model))) }}
+{{- $open := "r.urlopen(%q, timeout=4)" }}
+{{- if .auth }}
+{{- $script = concat $script (list "import os" "auth = {'Authorization': 'Bearer ' + os.environ['VLLM_API_KEY']}") }}
+{{- $open = "r.urlopen(r.Request(%q, headers=auth), timeout=4)" }}
+{{- end }}
 {{- $script = append $script "try:" }}
-{{- range .urls }}{{ $script = append $script (printf "    body = r.urlopen(%q, timeout=4).read()" .) }}{{ end }}
+{{- range .urls }}{{ $script = append $script (printf (printf "    body = %s.read()" $open) .) }}{{ end }}
 {{- if .model }}
 {{- $script = append $script "    ids = [m['id'] for m in json.loads(body)['data']]" }}
 {{- $script = append $script (printf "    sys.exit(0 if %q in ids else f'served models {ids} do not include %s')" .model .model) }}
@@ -265,7 +285,7 @@ must be /v1/models and list it. Prints one line on failure.
 
 {{- define "glm53.vllmReadinessCommand" -}}
 {{- $base := printf "http://%s:%s" (include "glm53.loopback" .) (include "glm53.vllmPort" .) }}
-{{- include "glm53.httpCheckCommand" (dict "urls" (list (printf "%s/health" $base) (printf "%s/v1/models" $base)) "model" (include "glm53.servedModel" .)) }}
+{{- include "glm53.httpCheckCommand" (dict "urls" (list (printf "%s/health" $base) (printf "%s/v1/models" $base)) "model" (include "glm53.servedModel" .) "auth" (not (empty .Values.vllm.apiKeySecret.name))) }}
 {{- end }}
 
 {{/* Container fragments ------------------------------------------------------------------------------------------- */}}
@@ -300,6 +320,14 @@ seccompProfile:
   value: /tmp
 {{- end }}
 
+{{/* EnvVar list items from a name -> value map (the telemetry defaults), in name order. */}}
+{{- define "glm53.envFromMap" -}}
+{{- range $name, $value := . }}
+- name: {{ $name }}
+  value: {{ toString $value | quote }}
+{{- end }}
+{{- end }}
+
 {{- define "glm53.volumeMounts.logs" -}}
 - name: logs
   mountPath: {{ include "glm53.logDir" . }}
@@ -312,7 +340,7 @@ seccompProfile:
   mountPath: /dev/shm
 {{- end }}
 
-{{/* Which weights volume the pod mounts: "" for none. */}}
+{{/* Which weights volume the pod mounts: "" for none. Mock mode loads no weights, so it never gets the chart's PVC. */}}
 {{- define "glm53.weightsClaimName" -}}
-{{- if eq .Values.weights.source "newPvc" }}{{ include "glm53.fullname" . }}-weights{{ else if eq .Values.weights.source "existingPvc" }}{{ .Values.weights.existingClaim }}{{ end }}
+{{- if and (eq .Values.weights.source "newPvc") (not .Values.mock.enabled) }}{{ include "glm53.fullname" . }}-weights{{ else if eq .Values.weights.source "existingPvc" }}{{ .Values.weights.existingClaim }}{{ end }}
 {{- end }}

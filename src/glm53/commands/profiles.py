@@ -33,6 +33,8 @@ def _flag_text(flag: ServingFlag) -> str:
 def profile_text(profile: ModelProfile) -> str:
     """A readable block for one profile: identity, geometry, chunk sizes, flags, notes."""
     yes_no = {True: "yes", False: "no"}
+    # A fact no seed states is None: show it as unverified rather than folding it into "no" (see profiles.basis).
+    known = {True: "yes", False: "no", None: "unverified"}
     rows = [
         ("model", f"{profile.model_id} ({profile.architecture}, {profile.num_layers} layers)"),
         ("layers", ", ".join(f"{count} {kind}" for kind, count in profile.layer_mix.items())),
@@ -45,7 +47,8 @@ def profile_text(profile: ModelProfile) -> str:
         ),
         ("prefix caching", "required" if profile.prefix_caching_required else "optional"),
         ("separate groups", "required" if profile.separate_object_groups_required else "not needed"),
-        ("kv cache dtype", f"{profile.kv_cache_dtype} (FP8 on Hopper: {yes_no[profile.fp8_kv_cache_hopper_ok]})"),
+        ("kv cache dtype", f"{profile.kv_cache_dtype} (FP8 on Hopper: {known[profile.fp8_kv_cache_hopper]})"),
+        ("batch invariant", known[profile.batch_invariant]),
         ("text only", _flag_text(profile.text_only_flag)),
         ("serving extras", " ".join(_flag_text(f) for f in profile.serving_extras)),
         (

@@ -1,0 +1,226 @@
+"""The chart's rendered command lines parse with vLLM 0.33.0's and LMCache 0.5.6's own parsers and mean what it intends.
+
+For every `ci/` scenario the engine's `vllm serve` argv and the sidecar's `lmcache server` argv are taken from the
+rendered pod and parsed by the released packages (`upstream_parse.py`; for vLLM in the venv that
+`scripts/setup.d/25-upstream-parsers.sh` builds, for LMCache in the project's .venv). A flag either parser rejects fails
+here. The parsed values are then held against the chart's intent: TP size, prefix caching, KV-cache dtype, the connector
+dialling exactly where the server listens, loopback binds, /run_script off, the chunk size. The extra-argument bypasses
+of issue 12 are shown with the same parsers: placed where the chart puts extra arguments (before its own flags), none
+takes effect.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chartkit import REPO_ROOT, Obj, container, get, pod_spec, render, scenario_values, scenarios
+
+from glm53.profiles import LMCACHE_DEFAULT_CHUNK_SIZE, get_profile
+
+PARSE = Path(__file__).with_name("upstream_parse.py")
+VLLM_PYTHON = REPO_ROOT / ".tools" / "upstream-parsers-venv" / "bin" / "python"
+# The project's .venv carries the real lmcache==0.5.6 (the `pod` extra): its parser imports there.
+LMCACHE_PYTHON = Path(sys.executable)
+# `glm53 mock vllm` takes vLLM's flags plus its own knobs; these are the stand-in's, not vLLM's.
+MOCK_ONLY_FLAGS = ("--profile", "--load-seconds")
+
+pytestmark = pytest.mark.slow
+
+
+def upstream_parse(tool: str, argvs: Sequence[Sequence[str]]) -> list[dict[str, Any]]:
+    """Parse every argv with the released parser of `tool` in one process (vLLM's import takes seconds)."""
+    python = VLLM_PYTHON if tool == "vllm" else LMCACHE_PYTHON
+    assert python.exists(), f"{python} missing; run `bash scripts/setup.d/25-upstream-parsers.sh` first"
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "results.json"
+        done = subprocess.run(
+            [str(python), str(PARSE), tool, str(out)],
+            input=json.dumps(argvs),
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        results: list[dict[str, Any]] = json.loads(out.read_text())
+    return results
+
+
+def program_argv(c: Obj, program: Sequence[str]) -> list[str]:
+    """The argv after `program` in a container run as `glm53 supervise --log FILE -- PROGRAM ARGS`."""
+    args: list[str] = c["args"]
+    start = args.index("--") + 1
+    assert args[start : start + len(program)] == list(program), args
+    return args[start + len(program) :]
+
+
+def engine_argv(objs: list[Obj]) -> list[str]:
+    """What follows `vllm serve` (for the mock: its argv without the stand-in's own flags)."""
+    vllm = container(objs, "vllm")
+    if "mock" in vllm["args"]:
+        argv = program_argv(vllm, ("glm53", "mock", "vllm"))
+        for flag in MOCK_ONLY_FLAGS:
+            i = argv.index(flag)
+            del argv[i : i + 2]
+        return argv
+    return program_argv(vllm, ("vllm", "serve"))
+
+
+def sidecar_argv(objs: list[Obj]) -> list[str]:
+    return program_argv(container(objs, "lmcache"), ("lmcache", "server"))
+
+
+@functools.cache
+def scenario_objs(name: str) -> list[Obj]:
+    return render(scenario_values(name))
+
+
+# (extra arguments, what the parsed result must still show). Appended after the chart's flags (where extra arguments
+# used to go), each undoes a guard; prepended (where the chart now puts them), the chart's value stays in force.
+BYPASSES: dict[str, list[tuple[list[str], str, Any]]] = {
+    "lmcache": [
+        (["--run-s"], "mp.run_script_api_enabled", False),
+        (["--run-script-api"], "mp.run_script_api_enabled", False),
+        (["--http-h", "0.0.0.0"], "http.http_host", "127.0.0.1"),
+        (["--host=0.0.0.0"], "mp.host", "127.0.0.1"),
+        (["--chunk", "256"], "mp.chunk_size", 1152),
+    ],
+    "vllm": [
+        (["--kv-cache-dtype", "fp8"], "engine.kv_cache_dtype", "auto"),
+        (["--no-enable-prefix-caching"], "engine.enable_prefix_caching", True),
+        (["-tp", "2"], "engine.tensor_parallel_size", 4),
+        (["--tensor_parallel_size=2"], "engine.tensor_parallel_size", 4),
+        (["--no-enable-prompt-tokens-details"], "args.enable_prompt_tokens_details", True),
+    ],
+}
+
+
+@pytest.mark.parametrize("tool", ["lmcache", "vllm"])
+def test_last_wins_keeps_the_charts_flags_where_extra_arguments_go(tool: str) -> None:
+    results = parsed(tool)
+    for i, (extra, path, kept) in enumerate(BYPASSES[tool]):
+        section, key = path.split(".")
+        assert results[f"before:{i}"]["ok"][section][key] == kept, (extra, "placed before the chart's flags")
+        # Why the guard refuses these at render time: after the chart's flags the same words win.
+        assert results[f"after:{i}"]["ok"][section][key] != kept, (extra, "placed after the chart's flags")
+
+
+HARMLESS = {"vllm": {"extraArgs": ["--max-model-len", "65536"]}, "lmcache": {"extraArgs": ["--max-workers=2"]}}
+# Argvs the parsers must refuse: the harness reports a refusal rather than a pass.
+REJECTED = {
+    "vllm": (["zai-org/GLM-5.3", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    "lmcache": (["--eviction-policy", "LRU", "--l1-size-gb", "1", "--http-port", "x"], "invalid int value: 'x'"),
+}
+
+
+def chart_argv(tool: str, objs: list[Obj]) -> list[str]:
+    return engine_argv(objs) if tool == "vllm" else sidecar_argv(objs)
+
+
+def cases(tool: str) -> dict[str, list[str]]:
+    """Every argv this module parses with `tool`, by case name: one parser process per tool (vLLM imports slowly)."""
+    found = {f"scenario:{name}": chart_argv(tool, scenario_objs(name)) for name in scenarios()}
+    base = chart_argv(tool, scenario_objs("default"))
+    positional = 1 if tool == "vllm" else 0  # vLLM's model tag comes first
+    for i, (extra, _, _) in enumerate(BYPASSES[tool]):
+        found[f"after:{i}"] = [*base, *extra]
+        found[f"before:{i}"] = [*base[:positional], *extra, *base[positional:]]
+    found["harmless"] = chart_argv(tool, render(HARMLESS))
+    found["rejected"] = REJECTED[tool][0]
+    return found
+
+
+@functools.cache
+def parsed(tool: str) -> dict[str, dict[str, Any]]:
+    named = cases(tool)
+    return dict(zip(named, upstream_parse(tool, list(named.values())), strict=True))
+
+
+def _value(values: Mapping[str, Any], path: str, default: Any) -> Any:
+    node: Any = values
+    for key in path.split("."):
+        if not isinstance(node, Mapping) or node.get(key) is None:
+            return default
+        node = node[key]
+    return node
+
+
+@pytest.mark.parametrize("name", scenarios())
+def test_engine_argv_parses_with_vllm_and_means_what_the_chart_intends(name: str) -> None:
+    result = parsed("vllm")[f"scenario:{name}"]
+    assert "ok" in result, f"vLLM 0.33.0 rejects the {name} engine argv: {result.get('error')}"
+    args, engine = result["ok"]["args"], result["ok"]["engine"]
+    values = scenario_values(name)
+    profile = get_profile(values.get("profile", "glm53-flash"))
+    assert engine["model"] == profile.model_id
+    assert (args["host"], args["port"]) == ("0.0.0.0", 8000)
+    assert engine["tensor_parallel_size"] == _value(values, "vllm.tensorParallelSize", profile.tensor_parallel_size)
+    assert engine["enable_prefix_caching"] is True
+    assert engine["kv_cache_dtype"] == _value(values, "vllm.kvCacheDtype", "auto")
+    assert args["enable_prompt_tokens_details"] is True
+    kv = engine["kv_transfer_config"]
+    assert (kv["kv_connector"], kv["kv_role"]) == ("LMCacheMPConnector", "kv_both")
+    events = engine["kv_events_config"]
+    if _value(values, "router.enabled", False) and _value(values, "router.policy", "") == "kv_aware":
+        port = _value(values, "router.kvAware.eventsPort", 5557)
+        assert (events["enable_kv_cache_events"], events["publisher"]) == (True, "zmq")
+        assert events["endpoint"] == f"tcp://*:{port}"
+    else:
+        assert events is None or events["enable_kv_cache_events"] is False
+    if _value(values, "vllm.speculativeDecoding.enabled", False):
+        assert engine["speculative_config"] == {
+            "method": "mtp",
+            "num_speculative_tokens": profile.mtp_speculative_tokens,
+        }
+    else:
+        assert engine["speculative_config"] is None
+
+
+@pytest.mark.parametrize("name", scenarios())
+def test_sidecar_argv_parses_with_lmcache_and_keeps_the_server_private(name: str) -> None:
+    engine_result, result = parsed("vllm")[f"scenario:{name}"], parsed("lmcache")[f"scenario:{name}"]
+    assert "ok" in result, f"LMCache 0.5.6 rejects the {name} sidecar argv: {result.get('error')}"
+    mp, http, args = result["ok"]["mp"], result["ok"]["http"], result["ok"]["args"]
+    values = scenario_values(name)
+    profile = get_profile(values.get("profile", "glm53-flash"))
+    assert mp["run_script_api_enabled"] is False
+    assert (mp["host"], http["http_host"]) == ("127.0.0.1", "127.0.0.1")
+    assert mp["transport"] == "zmq"
+    # A negotiating build gets no --chunk-size: the server starts from its default minimum and rounds up.
+    negotiating = _value(values, "lmcache.negotiate", False) and _value(values, "lmcache.chunkSize", None) is None
+    chunk = LMCACHE_DEFAULT_CHUNK_SIZE if negotiating else profile.recommended_chunk_size
+    assert mp["chunk_size"] == _value(values, "lmcache.chunkSize", chunk)
+    assert mp["separate_object_groups"] is _value(values, "lmcache.separateObjectGroups", True)
+    l1 = _value(values, "mock.l1SizeGb", 1) if _value(values, "mock.enabled", False) else 100
+    assert args["l1_size_gb"] == l1
+    # The engine's connector dials exactly where the server listens.
+    extra = engine_result["ok"]["engine"]["kv_transfer_config"]["kv_connector_extra_config"]
+    assert (extra["lmcache.mp.host"], extra["lmcache.mp.port"]) == (f"tcp://{mp['host']}", mp["port"])
+    # The sidecar's probes and the exporter use the HTTP port the server really serves (and /metrics on it).
+    objs = scenario_objs(name)
+    probe = get(container(objs, "lmcache"), "startupProbe.exec.command")[2]
+    assert f"http://127.0.0.1:{http['http_port']}/healthcheck" in probe
+    exporters = [c for c in pod_spec(objs)["containers"] if c["name"] == "exporter"]
+    for exporter in exporters:
+        lmcache_url = exporter["args"][exporter["args"].index("--lmcache-url") + 1]
+        assert lmcache_url == f"http://127.0.0.1:{http['http_port']}"
+
+
+def test_harmless_extra_arguments_render_parse_and_leave_the_guarded_values_alone() -> None:
+    engine, sidecar = parsed("vllm")["harmless"]["ok"], parsed("lmcache")["harmless"]["ok"]
+    assert (engine["engine"]["max_model_len"], engine["engine"]["tensor_parallel_size"]) == (65536, 4)
+    assert (sidecar["args"]["max_workers"], sidecar["mp"]["run_script_api_enabled"]) == (2, False)
+
+
+@pytest.mark.parametrize("tool", ["vllm", "lmcache"])
+def test_the_parsers_reject_what_they_should(tool: str) -> None:
+    """An unknown flag or a bad value fails the build instead of passing unparsed."""
+    assert REJECTED[tool][1] in parsed(tool)["rejected"]["error"]
