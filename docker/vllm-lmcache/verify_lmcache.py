@@ -164,6 +164,10 @@ def load_extension(name: str, path: Path) -> None:
     if spec is None or spec.loader is None:
         raise VerifyError(f"expected an importable extension module at {path} but Python cannot load it.")
     module = importlib.util.module_from_spec(spec)
+    # Registered before it runs: cuda_ops' init imports lmcache.lmcache_native (lmcache 0.5.6
+    # csrc/cuda/pybind.cpp:23), i.e. the package __init__, which on a GPU host imports cuda_ops again; finding it in
+    # sys.modules there keeps pybind11 from registering its types twice ("StagingCopy is already registered").
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
 
 

@@ -74,11 +74,17 @@ class PodVolume:
 
 @dataclass(frozen=True)
 class PodContainer:
-    """A rendered container, as the settings a container engine needs to run it the way the kubelet would."""
+    """A rendered container, as the settings a container engine needs to run it the way the kubelet would.
+
+    `argv` is the rendered `command` followed by `args`. As in Kubernetes, a container without `command` keeps its
+    image's ENTRYPOINT (the images' `tini -- glm53 supervise`) and `argv` is then only what follows it:
+    `overrides_entrypoint` says which.
+    """
 
     name: str
     image: str
     argv: tuple[str, ...]
+    overrides_entrypoint: bool
     env: tuple[tuple[str, str], ...]
     user: str | None
     read_only_root: bool
@@ -164,6 +170,7 @@ def _container(spec: Mapping[str, Any], pod_security: Mapping[str, Any], sidecar
         name=str(spec["name"]),
         image=str(spec["image"]),
         argv=tuple(str(part) for part in [*spec.get("command", []), *spec.get("args", [])]),
+        overrides_entrypoint="command" in spec,
         env=_env(spec),
         user=_user(security),
         read_only_root=bool(security.get("readOnlyRootFilesystem", False)),

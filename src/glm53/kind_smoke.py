@@ -72,7 +72,8 @@ MIN_NODE_KUBERNETES: Version = (1, 29, 0)
 # kubectl is supported within one minor version of the API server.
 KUBECTL_SKEW = 1
 
-# The CPU mock image the chart runs with `mock.enabled=true`, built from docker/mock/ by ansible/build-images.yml,
+# The CPU mock image the chart runs with `mock.enabled=true` (the engine stand-in, and the real LMCache 0.5.6 server as
+# the sidecar: ~2.5 GB with torch, so `kind load` takes a while), built from docker/mock/ by ansible/build-images.yml,
 # which tags it with the toolkit version (and the git revision); the chart's image tag defaults to the same version.
 MOCK_IMAGE_REPOSITORY = "glm53/mock"
 MOCK_IMAGE_TAG = __version__
@@ -645,6 +646,10 @@ def expected_geometry_text(profile: ModelProfile) -> str:
     return f"group_tokens_per_block={list(groups)} at TP {profile.tensor_parallel_size}"
 
 
+# Records that mean the start went wrong; run boundaries (RunStarted, EngineProcess) are bookkeeping for the probe.
+_PROBLEMS = (ChunkSizeRejected, ServerUnreachable, EngineDied, MalformedLine)
+
+
 def _problem_text(record: Record) -> str:
     if isinstance(record, ChunkSizeRejected):
         return (
@@ -677,8 +682,10 @@ def geometry_lines(records: Iterable[Record], profile: ModelProfile) -> list[str
             )
         elif isinstance(record, NegotiatedChunk):
             line = f"negotiated chunk size {record.resolved} (configured_min={record.configured_min})"
-        else:
+        elif isinstance(record, _PROBLEMS):
             line = f"problem: {_problem_text(record)}"
+        else:
+            continue
         if line not in lines:
             lines.append(line)
     return lines or ["geometry: no geometry line in the engine's log yet"]

@@ -1,6 +1,6 @@
 """Session fixtures of the Docker-marked tests: one private engine, its base image and the mock image per session.
 
-Each is expensive on CI's 2 cores (the vfs storage driver copies whole root filesystems), so every test shares them;
+Each is expensive on CI's 2 cores (the mock image carries torch and the real LMCache server), so every test shares them;
 the machinery lives in `dockerkit.py`. Fixtures start only when a test asks for them: tests without the engine (such as
 the LMCache host build) never start a daemon.
 """

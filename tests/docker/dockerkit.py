@@ -1,12 +1,13 @@
 """The Docker-marked tests' machinery: a private Docker engine, its base image, and Ansible runs against it.
 
-`conftest.py` turns these into session fixtures. Why one of each per session: CI has 2 cores and the engine runs with
-the vfs storage driver, which copies the whole root filesystem for every layer, so starting the daemon, importing the
-base image and building the mock image are paid once and shared by every test. The engine is private — its own data
-root, exec root, pidfile and unix socket in a temporary directory, no bridge, no iptables — so it touches nothing else
-on the host, and it is stopped by its PID at the end whatever the tests did. Its state lives on a private tmpfs when
-the kernel lets us mount one (we run as root in CI): vfs copies every layer and every container's root filesystem file
-by file, which measured 10 s per 130 MB copy on CI's disk and 0.6 s in memory. No registry is reachable, so the base
+`conftest.py` turns these into session fixtures. Why one of each per session: CI has 2 cores, so starting the daemon,
+importing the base image and building the mock image are paid once and shared by every test. The engine is private —
+its own data root, exec root, pidfile and unix socket in a temporary directory, no bridge, no iptables — so it touches
+nothing else on the host, and it is stopped by its PID at the end whatever the tests did. Its state lives on a private
+tmpfs when the kernel lets us mount one (we run as root in CI), with the overlay2 storage driver (overlayfs on tmpfs:
+a layer or a container costs only what it changes). Without the tmpfs it falls back to vfs on disk, which copies every
+layer and every container's root filesystem file by file (measured 10 s per 130 MB on CI's disk): with the mock image
+now ~2.5 GB (torch and the real LMCache server), that is minutes per container. No registry is reachable, so the base
 image is a debootstrapped Debian bookworm (`docker import`), cached as a tarball under `.tools/` so reruns skip
 debootstrap.
 """
@@ -14,16 +15,19 @@ debootstrap.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -34,8 +38,9 @@ import docker
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TOOLS_BIN = REPO_ROOT / ".tools" / "bin"
 BASE_IMAGE = "glm53/debian-base:bookworm"
-# debootstrap's --include list: Python 3.11 plus venv (ensurepip) is all the mock image needs on top of minbase.
-BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates")
+# debootstrap's --include list: Python 3.11 plus venv (ensurepip), and tini (the images' PID 1, which their offline
+# builds cannot fetch; docker/install-tini.sh checks it is the pinned version) on top of minbase.
+BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates", "tini")
 BASE_TARBALL = REPO_ROOT / ".tools" / "docker" / f"debian-bookworm-minbase-{'-'.join(BASE_PACKAGES)}.tar"
 # Package caches and documentation debootstrap leaves behind; vfs copies the rootfs per layer, so every MB counts.
 BASE_PRUNE = (
@@ -48,8 +53,10 @@ BASE_PRUNE = (
 )
 ENGINE_START_DEADLINE_S = 60.0
 ENGINE_STOP_DEADLINE_S = 30.0
-# Cap of the engine's tmpfs: the base image, the mock image's layers and a few containers need well under 2 GiB.
-ENGINE_TMPFS_SIZE = "6g"
+# Cap of the engine's tmpfs (a cap, not a reservation; ~3 GB are used): the base image, the mock image (2.4 GB with
+# torch and LMCache) and the router image, the builds' intermediate containers and the pods' writable layers, with
+# the headroom the playbook's free-disk preflight asks for (glm53_images_min_free_gb) on a rebuild.
+ENGINE_TMPFS_SIZE = "12g"
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,16 @@ class MockImageBuild:
     report_path: Path
     report: dict[str, Any]
     run: PlaybookRun
+
+
+def load_image_script(path: Path) -> ModuleType:
+    """A Python file beside the Dockerfile as a module (they live in the image, not in the glm53 package)."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up while being created
+    spec.loader.exec_module(module)
+    return module
 
 
 def tool_path() -> str:
@@ -125,7 +142,7 @@ def _mount_tmpfs(state: Path) -> bool:
 
 @contextlib.contextmanager
 def private_engine() -> Iterator[DockerEngine]:
-    """Start `dockerd` (vfs, no bridge, no iptables) on its own socket; stop it by PID on exit."""
+    """Start `dockerd` (overlay2 on tmpfs, else vfs; no bridge or iptables) on its own socket; stop it by PID."""
     dockerd = require_tool("dockerd", "30-docker-engine.sh")
     # Short path: the engine's managed containerd puts unix sockets under the exec root (108-byte path limit).
     state = Path(tempfile.mkdtemp(prefix="glm53-dockerd-"))
@@ -134,7 +151,7 @@ def private_engine() -> Iterator[DockerEngine]:
     base_url = f"unix://{state / 'docker.sock'}"
     command = [
         dockerd,
-        "--storage-driver=vfs",
+        f"--storage-driver={'overlay2' if in_memory else 'vfs'}",
         "--iptables=false",
         "--ip6tables=false",
         "--bridge=none",
@@ -221,7 +238,9 @@ def _read_json_callback(returncode: int, stdout: str) -> PlaybookRun:
             for result in task.get("hosts", {}).values():
                 task_results.setdefault(name, []).append(result)
                 if result.get("failed"):
-                    failures.append((name, str(result.get("msg", ""))))
+                    # A failed command's own error output (e.g. the image build's) ends the message.
+                    stderr = str(result.get("stderr", ""))[-1500:]
+                    failures.append((name, str(result.get("msg", "")) + (f"; stderr: {stderr}" if stderr else "")))
     stats: dict[str, int] = output.get("stats", {}).get("localhost", {})
     return PlaybookRun(returncode=returncode, stats=stats, failures=tuple(failures), task_results=task_results)
 
@@ -264,20 +283,32 @@ def run_playbook(playbook: str, extra_vars: dict[str, Any], env: dict[str, str],
 
 
 def mock_build_vars(base_image: str, report_path: Path) -> dict[str, Any]:
-    """The playbook variables CI uses: the mock image only, the debootstrapped base, no network inside the build."""
+    """The playbook variables CI uses: the offline images (mock, router), the debootstrapped base, no build network."""
     return {
-        "glm53_images": ["mock"],
-        "glm53_images_mock_base_image": base_image,
+        "glm53_images": ["mock", "router"],
+        "glm53_images_wheel_base_image": base_image,
         "glm53_images_build_network": "none",
         "glm53_images_report": str(report_path),
     }
 
 
 def build_mock_image(engine: DockerEngine, base_image: str, report_path: Path) -> MockImageBuild:
-    """Build the mock image through `ansible/build-images.yml` exactly as CI documents it; fail with its errors."""
+    """Build the mock and router images through `ansible/build-images.yml` as CI documents it; fail with its errors."""
     started = time.monotonic()
     run = run_playbook("build-images.yml", mock_build_vars(base_image, report_path), engine.env())
     assert run.returncode == 0, f"build-images.yml failed: {run.describe()}"
-    print(f"\nmock image: built through Ansible in {time.monotonic() - started:.1f}s")
     report: dict[str, Any] = json.loads(report_path.read_text())
+    sizes = ", ".join(
+        f"{entry['image']} {engine.client.images.get(entry['id']).attrs['Size'] / 1e9:.2f} GB"
+        for entry in report["images"]
+    )
+    print(f"\nmock and router images: built through Ansible in {time.monotonic() - started:.1f}s ({sizes})")
     return MockImageBuild(report_path=report_path, report=report, run=run)
+
+
+def built_image(build: MockImageBuild, name: str) -> dict[str, Any]:
+    """The build report's entry of image `name` (mock or router)."""
+    entries = [entry for entry in build.report["images"] if entry["image"] == name]
+    assert len(entries) == 1, f"expected one {name} entry in the build report, found {build.report['images']}"
+    entry: dict[str, Any] = entries[0]
+    return entry

