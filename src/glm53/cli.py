@@ -2,16 +2,24 @@
 
 The startup probe runs under the kubelet every few seconds for the whole model load, so start-up cost matters: this
 module imports nothing beyond the standard library, and each subcommand module is loaded lazily by name.
+
+Every failure leaves as one line on stderr and a non-zero exit, never a traceback: `Glm53Error` carries its own
+sentence; argparse's two-line "usage + error" becomes one line that points at `--help`; and the operating-system and
+value errors a bad path or number can still cause deep inside a command are named in one line here, in one place,
+instead of in every command.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import importlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import NoReturn
 
-from glm53.errors import EXIT_USAGE, Glm53Error
+from glm53.errors import EXIT_FAILURE, EXIT_USAGE, Glm53Error
 
 # name -> (module implementing `main(argv) -> int`, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -22,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "supervise": ("glm53.commands.supervise", "container entrypoint: run a server, tee and rotate its log"),
     "validate": ("glm53.commands.validate", "cold-versus-cached validation protocol against a deployment"),
     "pod": ("glm53.commands.pod", "run the CPU-mock pod on this machine and validate it (the README's main job)"),
+    "fleet": ("glm53.commands.fleet", "run N CPU-mock pods behind the real vllm-router and validate through it"),
     "exporter": ("glm53.commands.exporter", "Prometheus exporter joining log facts with vLLM and LMCache metrics"),
     "kind-smoke": ("glm53.commands.kind_smoke", "kind-cluster smoke test of the chart in CPU-mock mode"),
 }
@@ -33,6 +42,36 @@ def _usage() -> str:
     lines += [f"  {name.ljust(width)}  {summary}" for name, (_, summary) in COMMANDS.items()]
     lines += ["", "Run `glm53 COMMAND --help` for the options of one command."]
     return "\n".join(lines)
+
+
+def _argparse_error(parser: argparse.ArgumentParser, message: str) -> NoReturn:
+    raise Glm53Error(f"{message} (see `{parser.prog} --help`)")
+
+
+@contextlib.contextmanager
+def _one_line_argparse_errors() -> Iterator[None]:
+    """Make every ArgumentParser (the subcommands' own and their sub-parsers) raise Glm53Error on a usage error.
+
+    argparse prints the usage line and then the error and exits; patching the one method all parsers share keeps the
+    nine commands' parsers plain argparse while the dispatcher decides what a usage error looks like.
+    """
+    original = argparse.ArgumentParser.error
+    argparse.ArgumentParser.error = _argparse_error  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        argparse.ArgumentParser.error = original  # type: ignore[method-assign]
+
+
+def _os_error_sentence(error: OSError) -> str:
+    reason = error.strerror or str(error)
+    names = [str(name) for name in (error.filename, error.filename2) if name is not None]
+    return f"{' -> '.join(names)}: {reason}" if names else reason
+
+
+def _fail(name: str, message: str, exit_code: int) -> int:
+    print(f"glm53 {name}: error: {' '.join(message.split())}", file=sys.stderr)
+    return exit_code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -51,10 +90,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     module = importlib.import_module(COMMANDS[name][0])
     try:
-        return int(module.main(rest))
+        with _one_line_argparse_errors():
+            return int(module.main(rest))
     except Glm53Error as error:
-        print(f"glm53 {name}: error: {error.message}", file=sys.stderr)
-        return error.exit_code
+        return _fail(name, error.message, error.exit_code)
     except KeyboardInterrupt:
         print(f"glm53 {name}: interrupted", file=sys.stderr)
         return 130
@@ -63,3 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # /dev/null so the interpreter's final flush does not fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except OSError as error:
+        return _fail(name, _os_error_sentence(error), EXIT_FAILURE)
+    except (ValueError, ArithmeticError) as error:
+        return _fail(name, f"invalid value: {error}", EXIT_USAGE)

@@ -1,19 +1,30 @@
 """Run one server as a child process, copy its output to our stdout and to a size-capped log file, relay signals.
 
-This is the container entrypoint of both images. Kubernetes reads container stdout, while the startup probe and the
-exporter tail a file on the shared log volume; the file must stay bounded on a long-running pod, so it is rotated to
-`FILE.1` (one generation, replacing the previous one) before it would exceed the cap. A rotated file is a new inode
-that starts small, which is what the probe's tailing logic expects. SIGTERM/SIGINT go to the child so the server can
-shut down cleanly, and our exit status is the child's (128 + signal number when a signal killed it, like a shell).
+This is the container entrypoint of both images (behind `tini`, the image's PID 1). Kubernetes reads container
+stdout, while the startup probe and the exporter tail a file on the shared log volume; the file must stay bounded on a
+long-running pod, so it is rotated to `FILE.1` (one generation, replacing the previous one) before it would exceed the
+cap. A rotated file is a new inode that starts small, which is what the probe's tailing logic expects. Forwarded
+signals go to the child so the server can shut down cleanly, and our exit status is the child's (128 + signal number
+when a signal killed it, like a shell).
+
+The child's exit, not the end of its output, ends supervision: a server that leaves a background process behind
+(`bash -c 'sleep 20 & exit 3'`) keeps the output pipe open in that orphan, and waiting for end-of-file would hold the
+pod in Terminating for as long as the orphan lives. Orphans are re-parented to us (we register as the child
+subreaper) or to us as PID 1 when no init runs in front, so we reap them too: a long-running server that forks helpers
+would otherwise fill the process table with zombies.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
+import select
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import BinaryIO
@@ -24,7 +35,18 @@ MIB = 1024 * 1024
 # Shell conventions for a command that could not be started.
 EXIT_NOT_FOUND = 127
 EXIT_NOT_EXECUTABLE = 126
-FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# What an init forwards: the kubelet's TERM, a terminal's INT/QUIT/HUP, and the user signals servers use for reloads.
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+# How often we look for the child's exit and for zombies while its output is quiet.
+POLL_SECONDS = 0.1
+# After the child exited: how long output still in the pipe (or written by an orphan) is copied before we return.
+DRAIN_SECONDS = 1.0
+READ_BYTES = 64 * 1024
+# A line longer than this (a progress bar redrawn with '\r') is written out unfinished rather than buffered forever.
+MAX_PENDING_BYTES = 64 * 1024
+# prctl(2): PR_SET_CHILD_SUBREAPER makes orphaned descendants ours instead of PID 1's; PR_GET_ reads the setting.
+PR_SET_CHILD_SUBREAPER = 36
+PR_GET_CHILD_SUBREAPER = 37
 
 
 class RotatingLog:
@@ -51,6 +73,40 @@ class RotatingLog:
         self._file.close()
 
 
+class LineTee:
+    """Copies a byte stream to the log line by line (rotation never splits a line) and to an echo stream."""
+
+    def __init__(self, log: RotatingLog, echo: BinaryIO | None) -> None:
+        self._log = log
+        self._echo = echo
+        self._pending = b""
+
+    def feed(self, data: bytes) -> None:
+        self._pending += data
+        cut = self._pending.rfind(b"\n") + 1
+        if not cut and len(self._pending) > MAX_PENDING_BYTES:
+            cut = len(self._pending)
+        if cut:
+            self._emit(self._pending[:cut])
+            self._pending = self._pending[cut:]
+
+    def finish(self) -> None:
+        """Write out an unterminated last line."""
+        if self._pending:
+            self._emit(self._pending)
+            self._pending = b""
+
+    def _emit(self, data: bytes) -> None:
+        for line in data.splitlines(keepends=True):
+            self._log.write(line)
+        if self._echo is not None:
+            try:
+                self._echo.write(data)
+                self._echo.flush()
+            except BrokenPipeError:
+                self._echo = None  # nobody reads our stdout any more; the log file still gets everything
+
+
 def start_child(command: Sequence[str]) -> subprocess.Popen[bytes]:
     """Start `command` with stdout and stderr merged into one pipe, or fail the way a shell would."""
     try:
@@ -66,26 +122,90 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _copy_output(child: subprocess.Popen[bytes], log: RotatingLog, echo: BinaryIO | None) -> None:
+@contextlib.contextmanager
+def child_subreaper() -> Iterator[bool]:
+    """While inside, Linux re-parents our orphaned descendants to us so we can reap them; yields False where it can't.
+
+    Set before the child starts, so that no orphan escapes in the first instant; the previous setting comes back on
+    the way out, so a caller in a longer-lived process (a test) is left as it was.
+    """
+    if not sys.platform.startswith("linux"):
+        yield False
+        return
+    libc = ctypes.CDLL(None, use_errno=True)  # the running interpreter links libc, which has prctl
+    previous = ctypes.c_int(0)
+    libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(previous), 0, 0, 0)
+    enabled = libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    try:
+        yield enabled
+    finally:
+        if enabled and not previous.value:
+            libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+
+def reap(child: subprocess.Popen[bytes], reap_orphans: bool) -> int | None:
+    """The child's Popen return code once it has exited, else None; with `reap_orphans`, also reap every exited orphan.
+
+    Orphans are collected with waitpid(-1), which would also collect the child itself: its status is then recorded on
+    the Popen object (the public `returncode`) so Popen never waits for a pid that is gone.
+    """
+    while reap_orphans and child.returncode is None:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+        if pid == child.pid:
+            child.returncode = os.waitstatus_to_exitcode(status)
+    return child.poll()
+
+
+def _copy_ready(fd: int, tee: LineTee, timeout: float) -> bool:
+    """Copy what the pipe holds within `timeout` seconds; False once it reached end-of-file."""
+    ready, _, _ = select.select([fd], [], [], timeout)
+    if not ready:
+        return True
+    try:
+        data = os.read(fd, READ_BYTES)
+    except BlockingIOError:
+        return True
+    tee.feed(data)
+    return bool(data)
+
+
+def copy_until_exit(child: subprocess.Popen[bytes], tee: LineTee, reap_orphans: bool) -> int:
+    """Copy the child's output until it exits, then what is left for at most DRAIN_SECONDS; its Popen return code."""
     assert child.stdout is not None
-    for line in iter(child.stdout.readline, b""):
-        log.write(line)
-        if echo is not None:
-            try:
-                echo.write(line)
-                echo.flush()
-            except BrokenPipeError:
-                echo = None  # nobody reads our stdout any more; the log file still gets everything
+    fd = child.stdout.fileno()
+    os.set_blocking(fd, False)
+    open_pipe = True
+    returncode = reap(child, reap_orphans)
+    while returncode is None:
+        if open_pipe:
+            open_pipe = _copy_ready(fd, tee, POLL_SECONDS)
+        else:
+            time.sleep(POLL_SECONDS)  # the child closed its output but still runs
+        returncode = reap(child, reap_orphans)
+    deadline = time.monotonic() + DRAIN_SECONDS
+    while open_pipe and time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], POLL_SECONDS)
+        if not ready:
+            break  # the child is gone and its output is read: whoever still holds the pipe is an orphan
+        open_pipe = _copy_ready(fd, tee, 0)
+    tee.finish()
+    reap(child, reap_orphans)
+    return returncode
 
 
 def supervise(command: Sequence[str], log_path: Path, max_log_bytes: int) -> int:
     """Run `command` until it exits, teeing its output; returns the exit status to use for ourselves."""
     if not command:
-        raise Glm53Error("no command given; put the server command after `--`, e.g. -- glm53 mock lmcache ...")
+        raise Glm53Error("no command given; put the server command after `--`, e.g. -- vllm serve MODEL ...")
     try:
         log = RotatingLog(log_path, max_log_bytes)
     except OSError as error:
-        raise Glm53Error(f"cannot open log file {log_path}: {error.strerror}; check the directory exists") from None
+        raise Glm53Error(f"cannot append to the log file {log_path}: {error.strerror}") from None
     children: list[subprocess.Popen[bytes]] = []
     pending: list[int] = []
 
@@ -93,17 +213,18 @@ def supervise(command: Sequence[str], log_path: Path, max_log_bytes: int) -> int
         # A signal that arrives while the child is still being started is delivered right after it starts.
         if not children:
             pending.append(signum)
-        elif children[0].poll() is None:
+        elif children[0].returncode is None:
             children[0].send_signal(signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
     try:
-        child = start_child(command)
-        children.append(child)
-        for signum in pending:
-            child.send_signal(signum)
-        _copy_output(child, log, sys.stdout.buffer)
-        return exit_status(child.wait())
+        with child_subreaper() as subreaper:
+            child = start_child(command)
+            children.append(child)
+            for signum in pending:
+                child.send_signal(signum)
+            reap_orphans = subreaper or os.getpid() == 1
+            return exit_status(copy_until_exit(child, LineTee(log, sys.stdout.buffer), reap_orphans))
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -2,8 +2,9 @@
 
 Operators choose LMCache's `--chunk-size` once per deployment and live with its cost on every request (the tail of
 each prompt is recomputed), so these subcommands answer the three questions with the same pure functions the probe
-uses: how much of a prompt is served, what a negotiating server settles on, and which chunk size serves the most of a
-real prompt-length distribution (one integer a line, a CSV with a tokens/length column, or a JSON list).
+uses: how much of a prompt is served, what a negotiating server settles on, and which chunk size pays off best over a
+real prompt-length distribution (one integer a line, a CSV with a tokens/length column, or a JSON list; see
+examples/prompt-lengths.txt).
 """
 
 from __future__ import annotations
@@ -15,16 +16,25 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from glm53.chunks import (
+    DEFAULT_CHUNK_OVERHEAD_TOKENS,
+    Recommendation,
     coverage,
     negotiate_chunk_size,
     parse_groups,
+    parse_non_negative,
     parse_positive,
     recommend,
     required_alignment,
 )
 from glm53.errors import Glm53Error
+from glm53.profiles import PROFILES, ModelProfile, get_profile
 
 _LENGTH_COLUMN_HINTS = ("tokens", "length")
+PROMPT_LENGTHS_FORMAT = (
+    "FILE holds prompt lengths in tokens: one positive integer a line ('#' comments and blank lines ignored), or a CSV "
+    "whose header names a column like 'tokens' or 'length', or a JSON list of integers. Example: "
+    "examples/prompt-lengths.txt."
+)
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -37,11 +47,28 @@ def _build_parser() -> argparse.ArgumentParser:
     neg = actions.add_parser("negotiate", help="the chunk size a negotiating LMCache server settles on")
     neg.add_argument("--configured-min", required=True, metavar="M")
     neg.add_argument("--groups", required=True, metavar="G,G,...", help="group_tokens_per_block, e.g. 1152,1152,0")
-    rec = actions.add_parser("recommend", help="rank valid chunk sizes over a prompt-length distribution")
-    rec.add_argument("--prompt-lengths", required=True, type=Path, metavar="FILE")
-    rec.add_argument("--groups", required=True, metavar="G,G,...")
+    rec = actions.add_parser(
+        "recommend",
+        help="rank valid chunk sizes over a prompt-length distribution",
+        description="Rank the valid chunk sizes for a workload: sizes the model was validated at first, then by net "
+        "tokens (tokens served from LMCache minus a per-chunk overhead for the key hash, lookup and stored object). "
+        + PROMPT_LENGTHS_FORMAT,
+    )
+    rec.add_argument("--prompt-lengths", required=True, type=Path, metavar="FILE", help=PROMPT_LENGTHS_FORMAT)
+    model = rec.add_mutually_exclusive_group(required=True)
+    model.add_argument(
+        "--profile", metavar="NAME", help=f"model profile ({', '.join(PROFILES)}): its groups, rule and validated sizes"
+    )
+    model.add_argument("--groups", metavar="G,G,...", help="group_tokens_per_block, e.g. 64 or 1152,1152,0")
     rec.add_argument("--strict-prefix", action="store_true", help="hybrid rule: at most floor((L-1)/C)*C")
     rec.add_argument("--limit", default="16", metavar="K", help="consider the first K multiples (default 16)")
+    rec.add_argument(
+        "--chunk-overhead-tokens",
+        default=str(DEFAULT_CHUNK_OVERHEAD_TOKENS),
+        metavar="T",
+        help="prefill tokens one chunk's hash, lookup and metadata are worth (an assumption; "
+        f"default {DEFAULT_CHUNK_OVERHEAD_TOKENS}, 0 ignores the cost)",
+    )
     return parser
 
 
@@ -110,16 +137,70 @@ def _negotiate(args: argparse.Namespace) -> None:
     print(f"{resolved} (configured_min={configured_min}, required_alignment={required_alignment(groups)})")
 
 
-def _recommend(args: argparse.Namespace) -> None:
+def profile_groups(profile: ModelProfile) -> tuple[int, ...] | None:
+    """The groups a profile reports at its validated TP size, or None where that depends on an unmeasured N."""
+    n = profile.unified_block_size(profile.tensor_parallel_size)
+    return profile.expected_groups(n) if n is not None or not profile.follows_unified_block_size else None
+
+
+def _model_for(args: argparse.Namespace) -> tuple[tuple[int, ...], ModelProfile | None]:
+    """The groups to rank for, and the profile whose validated sizes apply (named, or the one with these groups)."""
+    if args.profile is not None:
+        profile = get_profile(args.profile)
+        groups = profile_groups(profile)
+        if groups is None:
+            raise Glm53Error(
+                f"{profile.display_name}'s groups are not known at TP {profile.tensor_parallel_size}; "
+                "pass --groups as the geometry line lists them"
+            )
+        return groups, profile
     groups = parse_groups(args.groups)
+    return groups, next((p for p in PROFILES.values() if profile_groups(p) == groups), None)
+
+
+def _why(profile: ModelProfile | None, strict_prefix: bool, overhead: int) -> list[str]:
+    if profile is None:
+        first = "No profile has these groups, so no size counts as validated (--profile NAME names one)."
+    else:
+        sizes = ", ".join(str(size) for size in profile.validated_chunk_sizes)
+        first = (
+            f"Validated sizes first: {profile.display_name} (profile {profile.name}) was validated at {sizes}; "
+            "other sizes were never run with it."
+        )
+    rule = "floor((L-1)/C)*C of an L-token prompt (strict prefix)" if strict_prefix else "whole chunks of each prompt"
+    return [
+        first,
+        f"Then by net tokens = served - {overhead} x chunks: LMCache serves {rule}, and every chunk costs a key "
+        f"hash, a lookup and a stored object (--chunk-overhead-tokens), so a smaller chunk is not free.",
+    ]
+
+
+def _row(r: Recommendation) -> str:
+    validated = "yes" if r.validated else "no"
+    return (
+        f"{r.chunk_size:>8}  {validated:>9}  {r.served_tokens:>13}  {r.served_share:>6.1%}  {r.chunks:>6}  "
+        f"{r.net_tokens:>10}  {r.prompts_with_hit}/{r.prompts}"
+    )
+
+
+def _recommend(args: argparse.Namespace) -> None:
+    groups, profile = _model_for(args)
+    strict_prefix = args.strict_prefix or (profile is not None and profile.strict_prefix)
     limit = parse_positive(args.limit, "--limit")
+    overhead = parse_non_negative(args.chunk_overhead_tokens, "--chunk-overhead-tokens")
     lengths = load_prompt_lengths(args.prompt_lengths)
-    ranked = recommend(lengths, groups, args.strict_prefix, limit)
-    rule = "strict prefix (hybrid)" if args.strict_prefix else "whole chunks"
+    validated = profile.validated_chunk_sizes if profile is not None else ()
+    ranked = recommend(lengths, groups, strict_prefix, limit, validated, overhead)
+    rule = "strict prefix (hybrid)" if strict_prefix else "whole chunks"
     print(f"{len(lengths)} prompts, {sum(lengths)} tokens, groups {list(groups)}, {rule}; best first:")
-    print(f"{'chunk':>8}  {'served tokens':>13}  {'share':>6}  prompts with a hit")
+    print(
+        f"{'chunk':>8}  {'validated':>9}  {'served tokens':>13}  {'share':>6}  {'chunks':>6}  {'net tokens':>10}  "
+        "prompts with a hit"
+    )
     for r in ranked:
-        print(f"{r.chunk_size:>8}  {r.served_tokens:>13}  {r.served_share:>6.1%}  {r.prompts_with_hit}/{r.prompts}")
+        print(_row(r))
+    for line in _why(profile, strict_prefix, overhead):
+        print(line)
 
 
 def main(argv: Sequence[str]) -> int:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from glm53.errors import Glm53Error
+from glm53.errors import positive_float
 from glm53.supervise import MIB, supervise
 
 DEFAULT_MAX_LOG_MB = 100.0
@@ -16,12 +17,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="glm53 supervise",
         description="Run a server, copy its stdout+stderr to our stdout and to a rotated log file, forward "
-        "SIGTERM/SIGINT, and exit with its status.",
+        "TERM/INT/HUP/QUIT/USR1/USR2, reap orphaned processes, and exit with the server's status as soon as it exits.",
     )
     parser.add_argument("--log", required=True, type=Path, help="log file to append to (rotated to FILE.1)")
     parser.add_argument(
         "--max-log-mb",
-        type=float,
+        type=positive_float,
         default=DEFAULT_MAX_LOG_MB,
         help=f"rotate before the log exceeds this many MiB (fractions allowed; default {DEFAULT_MAX_LOG_MB:g})",
     )
@@ -34,6 +35,5 @@ def main(argv: Sequence[str]) -> int:
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]
-    if not args.max_log_mb > 0:
-        raise Glm53Error(f"--max-log-mb must be a positive number of MiB, got {args.max_log_mb:g}")
-    return supervise(command, args.log, max(1, int(args.max_log_mb * MIB)))
+    # A cap beyond what a file offset can hold means "never rotate"; clamp it instead of overflowing.
+    return supervise(command, args.log, max(1, int(min(args.max_log_mb * MIB, sys.maxsize))))
