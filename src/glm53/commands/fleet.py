@@ -1,0 +1,88 @@
+"""`glm53 fleet`: N CPU-mock pods behind the real vllm-router on loopback, validated through the router.
+
+The sibling of `glm53 pod` for scale-out (the chart's `router.enabled=true`). Exit 0 when validation through the router
+passes, 1 when it fails (or a process dies), 3 when a replica never becomes Ready, 2 for usage errors. SIGTERM is
+turned into the same interrupt as Ctrl-C, so both stop every process the fleet started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from glm53.errors import EXIT_FAILURE, EXIT_OK
+from glm53.fleet import DEFAULT_POLICY, POLICIES, PREFIX_AFFINE, FleetSpec, running_fleet, validate_fleet
+from glm53.pod import say_to
+from glm53.profiles import DEFAULT_PROFILE, PROFILES, get_profile
+from glm53.validate.progress import Progress
+from glm53.validate.report import render_text, write_json
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="glm53 fleet",
+        description="Run N CPU-mock pods (each its own LMCache server and engine stand-in) behind the vLLM project's "
+        "router on loopback, validate the fleet through the router (equivalence, boundary) and stop it all.",
+    )
+    parser.add_argument("--replicas", type=_positive, default=3, help="number of pods (default 3)")
+    parser.add_argument(
+        "--router",
+        default=DEFAULT_POLICY,
+        choices=POLICIES,
+        help=f"vllm-router policy (default {DEFAULT_POLICY}); validation needs a prefix-affine one "
+        f"({', '.join(PREFIX_AFFINE)}): each pod has its own LMCache, so a cached run must reach the pod that stored; "
+        "kv_aware makes the engines publish KV events on tcp://*:PORT (vLLM binds only wildcard endpoints)",
+    )
+    parser.add_argument("--profile", default=DEFAULT_PROFILE, choices=list(PROFILES), help="model profile")
+    parser.add_argument("--workdir", type=Path, help="where each replica's logs, router.log and validation.json go")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary work dir even when validation passes")
+    return parser
+
+
+def _interrupt(_signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: Sequence[str]) -> int:
+    args = build_parser().parse_args(argv)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="glm53-fleet-"))
+    spec = FleetSpec(
+        get_profile(args.profile), args.replicas, args.router, workdir, kv_events=args.router == "kv_aware"
+    )
+    say = say_to(sys.stdout)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    passed = False
+    try:
+        name = spec.profile.display_name
+        say(f"fleet: {spec.replicas} x {name} behind vllm-router ({spec.policy}); work dir {workdir}")
+        with running_fleet(spec, say) as fleet:
+            report = validate_fleet(fleet, Progress(sys.stderr))
+            print(render_text(report))
+            healthy = fleet.healthy()
+            say(f"fleet: router sees {len(healthy)}/{spec.replicas} replicas healthy after validation")
+        write_json(report, workdir / "validation.json")
+        passed = report.passed
+        say(f"fleet: {'PASS' if passed else 'FAIL'} (all processes stopped)")
+        return EXIT_OK if passed else EXIT_FAILURE
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if passed and args.workdir is None and not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            print(f"fleet: logs and report kept in {workdir}", file=sys.stderr)

@@ -1,0 +1,183 @@
+"""The CPU fleet: N pods behind the real vllm-router on loopback (`glm53 fleet`, `glm53.fleet`).
+
+The router's command line is checked with vllm-router's own parser; the fleet itself runs for real: validated through
+the router, a replica killed and taken out by the router's /health checks while requests keep succeeding, and no
+process left behind after a run or an interrupt (the marker fixture of test_pod checks /proc).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_pod import assert_no_process_left, marked_processes, marker  # noqa: F401  (marker is a fixture)
+from vllm_router.launch_router import parse_router_args
+
+from glm53.errors import Glm53Error
+from glm53.fleet import (
+    FleetSpec,
+    ReplicaSpec,
+    RouterHealth,
+    healthy_workers,
+    kv_events_config,
+    router_command,
+    running_fleet,
+    scheduler_block_size,
+    validate_fleet,
+)
+from glm53.pod import PodPorts, RunningPod
+from glm53.profiles import get_profile
+from glm53.validate.client import VllmClient
+from glm53.validate.progress import SilentProgress
+
+FLASH = get_profile("glm53-flash")
+
+
+def _pods(tmp_path: Path, count: int, events: bool) -> list[RunningPod]:
+    return [
+        RunningPod(
+            ReplicaSpec(
+                FLASH,
+                tmp_path / str(i),
+                dataclasses.replace(PodPorts.free(), vllm=8000 + i),
+                kv_events_port=(5557 + i) if events else None,
+            )
+        )
+        for i in range(count)
+    ]
+
+
+def test_the_real_router_parser_accepts_the_fleet_command_line(tmp_path: Path) -> None:
+    pods = _pods(tmp_path, 3, events=False)
+    command = router_command("vllm-router", "cache_aware", 30001, 30002, pods, RouterHealth())
+    assert command[0] == "vllm-router"
+    parsed = parse_router_args(command[1:])
+    parsed._validate_router_args()
+    assert parsed.worker_urls == ["http://127.0.0.1:8000", "http://127.0.0.1:8001", "http://127.0.0.1:8002"]
+    assert (parsed.policy, parsed.host, parsed.port, parsed.prometheus_port) == (
+        "cache_aware",
+        "127.0.0.1",
+        30001,
+        30002,
+    )
+    # vllm_router/router_args.py:99: the worker health check is GET /health; out after 2 misses, 1 s apart.
+    assert parsed.health_check_endpoint == "/health"
+    assert (parsed.health_check_interval_secs, parsed.health_failure_threshold) == (1, 2)
+    assert parsed.kv_event_source == []
+
+
+def test_kv_aware_binds_each_worker_to_its_event_publisher(tmp_path: Path) -> None:
+    pods = _pods(tmp_path, 2, events=True)
+    parsed = parse_router_args(router_command("vllm-router", "kv_aware", 1, 2, pods, RouterHealth())[1:])
+    assert parsed.kv_event_source == [
+        "http://127.0.0.1:8000=tcp://127.0.0.1:5557",
+        "http://127.0.0.1:8001=tcp://127.0.0.1:5558",
+    ]
+    assert (parsed.kv_event_block_size, parsed.kv_event_model) == (1152, "zai-org/GLM-5.3-Flash")
+    engine = pods[0].spec.vllm_command()
+    config = json.loads(engine[engine.index("--kv-events-config") + 1])
+    # vllm/config/kv_events.py:14-47: the fields vLLM 0.33 reads.
+    assert config == {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": "tcp://*:5557",  # vLLM binds only wildcard endpoints (kv_events.py:461-467)
+        "topic": "kv-events",
+    }
+    assert json.loads(kv_events_config(6000))["endpoint"] == "tcp://*:6000"
+
+
+def test_block_size_of_the_events_is_the_engines_scheduler_block() -> None:
+    assert scheduler_block_size(FLASH) == 1152  # unified block N at TP 4
+    assert scheduler_block_size(get_profile("glm53")) == 64
+
+
+def test_healthy_workers_reads_the_routers_workers_listing() -> None:
+    # The shape vllm-router 0.1.17 answers on GET /workers (measured against the binary; see the fleet test below).
+    listing = {
+        "workers": [
+            {"url": "http://127.0.0.1:1", "is_healthy": True},
+            {"url": "http://127.0.0.1:2", "is_healthy": False},
+        ],
+        "total": 2,
+    }
+    assert healthy_workers(json.dumps(listing)) == ["http://127.0.0.1:1"]
+
+
+@pytest.mark.parametrize(
+    ("replicas", "policy", "events", "message"),
+    [
+        (0, "cache_aware", False, "--replicas must be at least 1, got 0"),
+        (2, "least_loaded", False, "the router policy must be one of cache_aware, round_robin"),
+        (2, "kv_aware", False, "the kv_aware policy needs engines that publish KV events"),
+    ],
+)
+def test_bad_fleet_settings_are_one_line(
+    replicas: int, policy: str, events: bool, message: str, tmp_path: Path
+) -> None:
+    with pytest.raises(Glm53Error, match=message):
+        FleetSpec(FLASH, replicas, policy, tmp_path, kv_events=events)
+
+
+def test_cli_refuses_zero_replicas_in_one_line() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "glm53", "fleet", "--replicas", "0"], capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 2
+    assert "--replicas: expected at least 1, got 0" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+def test_fleet_validates_through_the_router_and_survives_a_dead_replica(tmp_path: Path, marker: str) -> None:  # noqa: F811
+    spec = FleetSpec(FLASH, 2, "cache_aware", tmp_path)
+    lines: list[str] = []
+    with running_fleet(spec, lines.append) as fleet:
+        assert sorted(fleet.healthy()) == sorted(p.spec.vllm_url for p in fleet.pods)
+        report = validate_fleet(fleet, SilentProgress())
+        assert report.passed, report
+        assert report.equivalence is not None and report.boundary is not None and report.perf is None
+        victim = fleet.pods[1]
+        victim.process("vllm").stop(1.0)
+        # The router's GET /health checks (every 1 s, out after 2 misses) take the dead replica out. Requests routed
+        # to it before that can fail with the router's 500 ("error sending request"): vllm-router 0.1.17 does not
+        # re-route them (measured), which is why the chart's health checks run every few seconds.
+        deadline = time.monotonic() + 15
+        while victim.spec.vllm_url in fleet.healthy() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert fleet.healthy() == [fleet.pods[0].spec.vllm_url]
+        client = VllmClient(fleet.url, 30.0)
+        for i in range(20):
+            done = client.complete(FLASH.model_id, f"question {i} about nothing", max_tokens=1, cache_salt=f"s{i}")
+            assert done.prompt_tokens == 4
+    assert any(line.startswith("fleet: vllm-router (cache_aware) at http://127.0.0.1:") for line in lines)
+    assert_no_process_left(marker)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_fleet_leaves_no_process(signum: int, tmp_path: Path, marker: str) -> None:  # noqa: F811
+    fleet = subprocess.Popen(
+        [sys.executable, "-m", "glm53", "fleet", "--replicas", "2", "--workdir", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
+    assert fleet.stdout is not None
+    seen = []
+    for line in fleet.stdout:  # wait until the router runs over both replicas
+        seen.append(line)
+        if line.startswith("fleet: vllm-router (cache_aware) at "):
+            break
+    assert len(marked_processes(marker)) >= 7, f"the fleet started too little; output: {seen}"
+    fleet.send_signal(signum)
+    _, stderr = fleet.communicate(timeout=60)
+    assert fleet.returncode == 130, stderr
+    assert "glm53 fleet: interrupted" in stderr.splitlines()
+    assert "Traceback" not in stderr
