@@ -27,13 +27,9 @@ import argparse
 import contextlib
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -43,6 +39,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT / "src") not in sys.path:  # the GPU host runs this file with a bare python3, not the project's venv
     sys.path.insert(0, str(REPO_ROOT / "src"))
 
+from glm53.errors import Glm53Error  # noqa: E402
 from glm53.pod import free_ports  # noqa: E402
 from glm53.profiles import (  # noqa: E402
     DSA_MLA,
@@ -52,7 +49,7 @@ from glm53.profiles import (  # noqa: E402
     ModelProfile,
     get_profile,
 )
-from glm53.sidecar import LOOPBACK, lmcache_server_command  # noqa: E402
+from glm53.sidecar import LOOPBACK, lmcache_server_command, serving  # noqa: E402
 
 PROG = "gpu-proof"
 DTYPE_BYTES = {"bfloat16": 2, "uint8": 1}
@@ -595,20 +592,6 @@ def one_request(
     }
 
 
-def wait_healthy(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + SERVER_START_SECONDS
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            tail = log.read_text(errors="replace").splitlines()[-5:]
-            raise ProofError(f"lmcache server exited with {process.returncode}: {' | '.join(tail)}")
-        try:
-            with urllib.request.urlopen(url, timeout=2.0):
-                return
-        except (OSError, urllib.error.URLError):
-            time.sleep(0.2)
-    raise ProofError(f"lmcache server did not answer {url} within {SERVER_START_SECONDS:g}s; see {log}")
-
-
 @contextlib.contextmanager
 def running_server(case: Case, settings: Settings, log: Path) -> Iterator[int]:
     """The real `lmcache server` (the sidecar's flags, glm53.sidecar) in its own process; yields its request port."""
@@ -624,19 +607,8 @@ def running_server(case: Case, settings: Settings, log: Path) -> Iterator[int]:
         l1_size_gb=settings.l1_size_gb,
         shm_name=f"glm53-gpu-proof-{os.getpid()}-{port}" if settings.device == "cpu" else None,
     )
-    env = {**os.environ, **command.env, "LMCACHE_DISABLE_BANNER": "1"}
-    with log.open("wb") as out:
-        process = subprocess.Popen(command.argv, stdout=out, stderr=subprocess.STDOUT, env=env)
-        try:
-            wait_healthy(f"http://{LOOPBACK}:{http_port}/healthcheck", process, log)
-            yield port
-        finally:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+    with serving(command, http_port, log, SERVER_START_SECONDS, {"LMCACHE_DISABLE_BANNER": "1"}):
+        yield port
 
 
 def run_case(torch: Any, case: Case, settings: Settings, out_dir: Path) -> dict[str, Any]:
@@ -982,7 +954,7 @@ def main(argv: Sequence[str]) -> int:
         emit(report, out, "ipc.json", ipc_table(report))
         ok = all("error" not in c and c["all_hit"] and c["all_equal"] for c in report["cases"])
         return 0 if ok else 1
-    except ProofError as exc:
+    except (ProofError, Glm53Error) as exc:  # Glm53Error: the sidecar server failed to start
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -11,7 +11,18 @@ sends a usage report at start unless told not to, so the environment carries bot
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
+
+from glm53.errors import Glm53Error
 
 # lmcache 0.5.6 lmcache/usage_telemetry/identity.py:38-40: either switch disables the start-up usage report.
 LMCACHE_TELEMETRY_ENV = {"LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1"}
@@ -48,3 +59,42 @@ def lmcache_server_command(
     if shm_name is not None:
         argv += ["--shm-name", shm_name]
     return SidecarCommand(tuple(argv), dict(LMCACHE_TELEMETRY_ENV))
+
+
+@contextmanager
+def serving(
+    command: SidecarCommand, http_port: int, log: Path, start_timeout: float, extra_env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run `command` as a plain child (for benchmarks and test fixtures; the pod runs it under `glm53 supervise`),
+    wait until `/healthcheck` on `http_port` answers, and stop it (SIGTERM, then SIGKILL after 30 s) on leaving.
+
+    A server that exits or stays silent fails in one line naming its log, rather than leaving a caller to time out.
+    """
+    health = f"http://{LOOPBACK}:{http_port}/healthcheck"
+    env = {**os.environ, **command.env, **(extra_env or {})}
+    with log.open("wb") as out:
+        process = subprocess.Popen(command.argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+        try:
+            _wait_healthy(health, process, log, start_timeout)
+            yield process
+        finally:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def _wait_healthy(url: str, process: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            tail = log.read_text(errors="replace").splitlines()[-5:]
+            raise Glm53Error(f"lmcache server exited with {process.returncode}: {' | '.join(tail)}")
+        try:
+            with urllib.request.urlopen(url, timeout=2.0):
+                return
+        except (OSError, urllib.error.URLError):
+            time.sleep(0.2)
+    raise Glm53Error(f"lmcache server did not answer {url} within {timeout:g} s; see {log}")

@@ -17,7 +17,6 @@ Re-generate the fixture after upgrading LMCache (see fixtures/README.md):
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -29,6 +28,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from glm53.sidecar import lmcache_server_command, serving
 
 FIXTURE = Path(__file__).parent / "fixtures" / "lmcache-metrics.prom"
 LMCACHE = Path(sys.executable).with_name("lmcache")
@@ -65,40 +66,22 @@ def http_get(url: str) -> str:
         return bytes(response.read()).decode()
 
 
-def _wait_healthy(server: RealLMCache, process: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + START_DEADLINE_SECONDS
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"lmcache server exited with {process.returncode}:\n{log.read_text(errors='replace')}")
-        try:
-            http_get(f"{server.http_url}/healthcheck")
-            return
-        except (OSError, urllib.error.URLError):
-            time.sleep(0.2)
-    raise RuntimeError(f"lmcache server not healthy within {START_DEADLINE_SECONDS:g} s:\n{log.read_text()}")
-
-
 @contextmanager
 def running_lmcache(workdir: Path) -> Iterator[RealLMCache]:
-    """`lmcache server` on free loopback ports with a unique --shm-name; stopped (SIGTERM, then SIGKILL) on exit."""
+    """`lmcache server` with the chart's flags on free loopback ports, a unique --shm-name; stopped on exit."""
     server = RealLMCache(_free_port(), f"http://127.0.0.1:{_free_port()}")
-    args = ["server", "--host", "127.0.0.1", "--port", str(server.port), "--http-host", "127.0.0.1"]
-    args += ["--http-port", server.http_url.rsplit(":", 1)[1], "--chunk-size", str(CHUNK_SIZE), "--l1-size-gb", "1"]
-    args += ["--eviction-policy", "LRU", "--shm-name", f"glm53-test-{os.getpid()}-{server.port}"]
-    log = workdir / "lmcache-server.log"
-    with log.open("wb") as out:
-        env = {**os.environ, **QUIET_ENV}
-        process = subprocess.Popen([str(LMCACHE), *args], stdout=out, stderr=subprocess.STDOUT, env=env)
-        try:
-            _wait_healthy(server, process, log)
-            yield server
-        finally:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+    http_port = int(server.http_url.rsplit(":", 1)[1])
+    command = lmcache_server_command(
+        (str(LMCACHE), "server"),
+        port=server.port,
+        http_port=http_port,
+        chunk_size=CHUNK_SIZE,
+        separate_object_groups=False,
+        l1_size_gb=1,
+        shm_name=f"glm53-test-{os.getpid()}-{server.port}",
+    )
+    with serving(command, http_port, workdir / "lmcache-server.log", START_DEADLINE_SECONDS, QUIET_ENV):
+        yield server
 
 
 def send_one_request(server: RealLMCache) -> None:
