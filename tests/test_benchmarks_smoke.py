@@ -5,16 +5,19 @@ No timing is asserted here (targets are the benchmarks' business); only that eac
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
-def run(script: str, *args: str) -> str:
+def run(script: str, *args: str, timeout: float = 120) -> str:
     result = subprocess.run(
-        [sys.executable, str(BENCHMARKS / script), *args], capture_output=True, text=True, timeout=120
+        [sys.executable, str(BENCHMARKS / script), *args], capture_output=True, text=True, timeout=timeout
     )
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout
@@ -30,3 +33,18 @@ def test_exporter_benchmark_prints_its_scrape_figures() -> None:
     out = run("exporter_bench.py", "--log-gib", "0.01", "--scrapes", "5")
     assert "first scrape (reads the whole log):" in out
     assert "target 50 ms: p95 / target =" in out
+
+
+@pytest.mark.slow
+def test_routing_benchmark_serves_every_request_and_prints_its_ratio_last() -> None:
+    out = run(
+        "routing_bench.py",
+        *("--replicas", "2", "--documents", "2", "--questions", "2", "--doc-chunks", "1", "--clients", "2"),
+        timeout=420,
+    )
+    lines = out.strip().splitlines()
+    assert re.fullmatch(r"hit tokens, cache-aware vs round-robin: \d+\.\d\d x", lines[-1]), out
+    policies = [line for line in lines if re.match(r"\s*(round_robin|cache_aware):", line)]
+    assert len(policies) == 2 and all(line.endswith("failed 0") for line in policies), out
+    dead = next(line for line in lines if line.startswith("dead replica"))
+    assert "4/4 requests succeeded" in dead, out

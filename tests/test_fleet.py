@@ -92,6 +92,12 @@ def test_kv_aware_binds_each_worker_to_its_event_publisher(tmp_path: Path) -> No
     assert json.loads(kv_events_config(6000))["endpoint"] == "tcp://*:6000"
 
 
+def test_every_replica_serves_the_render_routes_the_router_tokenizes_through(tmp_path: Path) -> None:
+    # vllm 0.33.0 entrypoints/scale_out/factories.py:94-129: /v1/completions/render answers 403 without this flag, and
+    # vllm-router then routes cache_aware and kv_aware requests on load alone.
+    assert "--enable-scale-out" in _pods(tmp_path, 1, events=False)[0].spec.vllm_command()
+
+
 def test_block_size_of_the_events_is_the_engines_scheduler_block() -> None:
     assert scheduler_block_size(FLASH) == 1152  # unified block N at TP 4
     assert scheduler_block_size(get_profile("glm53")) == 64

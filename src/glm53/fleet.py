@@ -164,6 +164,9 @@ def router_command(
         *("--health-check-endpoint", "/health", "--health-check-interval-secs", str(health.interval_seconds)),
         *("--health-check-timeout-secs", str(health.timeout_seconds)),
         *("--health-failure-threshold", str(health.failures), "--health-success-threshold", "1"),
+        # A request that meets a replica which just died is retried (router_args.py:88-93); spreading the retries over
+        # 0.5+1+2+4+8 s outlasts the health check above, so a retry is routed to a live replica, not the dead one.
+        *("--retry-max-retries", "5", "--retry-initial-backoff-ms", "500", "--retry-backoff-multiplier", "2"),
         *("--worker-startup-timeout-secs", "60", "--worker-startup-check-interval", "1"),
         *("--prometheus-host", LOCALHOST, "--prometheus-port", str(metrics_port)),
     ]

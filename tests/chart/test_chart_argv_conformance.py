@@ -166,6 +166,8 @@ def test_engine_argv_parses_with_vllm_and_means_what_the_chart_intends(name: str
     assert engine["enable_prefix_caching"] is True
     assert engine["kv_cache_dtype"] == _value(values, "vllm.kvCacheDtype", "auto")
     assert args["enable_prompt_tokens_details"] is True
+    # The router tokenizes through the render routes, which vLLM serves only with --enable-scale-out.
+    assert args["enable_scale_out"] is bool(_value(values, "router.enabled", False))
     kv = engine["kv_transfer_config"]
     assert (kv["kv_connector"], kv["kv_role"]) == ("LMCacheMPConnector", "kv_both")
     events = engine["kv_events_config"]

@@ -180,6 +180,14 @@ def test_kv_aware_engines_publish_kv_events() -> None:
         assert "--kv-events-config" not in engine["args"]
 
 
+def test_engines_behind_a_router_serve_the_render_routes() -> None:
+    """vllm-router tokenizes through /v1/completions/render, which vLLM 0.33 serves only with --enable-scale-out
+    (vllm/entrypoints/scale_out/factories.py:94-129); without a router the engines keep those routes closed."""
+    for values, expected in ((scenario_values("router"), True), (scenario_values("router-kvaware"), True), ({}, False)):
+        engine = get(_engine(render(values)), "spec.template.spec.containers[name=vllm]")
+        assert ("--enable-scale-out" in engine["args"]) is expected, values
+
+
 @pytest.mark.parametrize("kube_version", [OLDEST_KUBE, NEWEST_KUBE])
 @pytest.mark.parametrize("scenario", ["router", "router-kvaware"])
 def test_router_objects_pass_kubernetes_schemas(scenario: str, kube_version: str) -> None:

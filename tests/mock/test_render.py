@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator

@@ -179,8 +179,8 @@ does (lmcache 0.5.6 lmcache/v1/mp_observability/config.py), so it stays reserved
 with this flag (vllm/entrypoints/common/cli_args.py, FrontendArgs.enable_prompt_tokens_details). */}}
 {{- $args = append $args "--enable-prompt-tokens-details" }}
 {{- if .Values.lmcache.enabled }}{{ $args = concat $args (list "--kv-transfer-config" (include "glm53.kvTransferConfig" .)) }}{{ end }}
-{{- /* The router's kv_aware policy needs the engines' KV-cache events (templates/router/_router.tpl); the mock has none. */}}
-{{- if not .Values.mock.enabled }}{{ $args = concat $args (include "glm53.router.engineArgs" . | fromJsonArray) }}{{ end }}
+{{- /* What the router needs of the engines (templates/router/_router.tpl); the CPU stand-in takes the same flags. */}}
+{{- $args = concat $args (include "glm53.router.engineArgs" . | fromJsonArray) }}
 {{- if and $v.textOnly $p.textOnlyFlag.value }}{{ $args = concat $args (list $p.textOnlyFlag.flag $p.textOnlyFlag.value) }}{{ end }}
 {{- if $v.servingExtras }}{{ range $p.servingExtras }}{{ $args = concat $args (list .flag .value) }}{{ end }}{{ end }}
 {{- $args = concat $args (list "--kv-cache-dtype" $v.kvCacheDtype) }}

@@ -60,6 +60,11 @@ def _add_vllm(subparsers: Any) -> None:
         "--kv-events-config",
         help="JSON (vllm/config/kv_events.py): publish KV-cache events over ZMQ in vLLM 0.33's wire format",
     )
+    p.add_argument(
+        "--enable-scale-out",
+        action="store_true",
+        help="serve /v1/completions/render and /v1/chat/completions/render (vLLM answers 403 there without it)",
+    )
     p.add_argument("--limit-mm-per-prompt", type=_json_object)
     p.add_argument("--tokenizer-mode")
     p.add_argument("--tool-call-parser")
@@ -111,6 +116,7 @@ def _vllm_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> v
         num_gpu_blocks_override=args.num_gpu_blocks_override,
         cost=ComputeCost(args.prefill_us_per_token * 1e-6, args.decode_ms_per_token * 1e-3),
         kv_events=None if args.kv_events_config is None else parse_kv_events_config(args.kv_events_config),
+        enable_scale_out=args.enable_scale_out,
         non_default_args=non_default,
     )
 

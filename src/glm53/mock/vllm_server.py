@@ -10,6 +10,8 @@ failures log `EngineCore failed to start.` with the traceback (vllm v1/engine/co
 `RuntimeError` (v1/engine/utils.py:1473-1476), and the stand-in exits 1 with one line. The HTTP port is bound first so
 a taken port fails at once; until the engine is ready every route answers 503. If the server stops answering while
 serving, the request gets a 500 and the stand-in exits 1 naming the server: a dead sidecar must not look healthy.
+With `--enable-scale-out` it also answers vLLM's render routes (`glm53.mock.render`), which vllm-router tokenizes
+through; without it they answer 403, as in `vllm serve`.
 """
 
 from __future__ import annotations

@@ -27,17 +27,23 @@ parse it with the router's own parser (`vllm_router.launch_router.parse_router_a
 {{- end }}
 
 {{/*
-`vllm serve` arguments the engines get for the router (JSON list, empty unless the policy is kv_aware): vLLM 0.33's
-KV-cache events over a ZMQ PUB socket on `router.kvAware.eventsPort` (vllm/config/kv_events.py: enable_kv_cache_events,
-publisher, endpoint, topic), which only the router may reach (router/networkpolicy.yaml).
+`vllm serve` arguments the engines get for the router (JSON list, empty without the router):
+- `--enable-scale-out`: vLLM 0.33 serves /v1/completions/render and /v1/chat/completions/render, through which
+  vllm-router tokenizes prompts for cache_aware and kv_aware, only with it; without it they answer 403
+  (vllm/entrypoints/scale_out/factories.py:94-129) and the router routes on load alone. It also opens vLLM's
+  token-in/token-out and derender routes on the API port, which the NetworkPolicy admits as it admits /v1.
+- kv_aware only: vLLM 0.33's KV-cache events over a ZMQ PUB socket on `router.kvAware.eventsPort`
+  (vllm/config/kv_events.py: enable_kv_cache_events, publisher, endpoint, topic), which only the router may reach
+  (router/networkpolicy.yaml).
 */}}
 {{- define "glm53.router.engineArgs" -}}
+{{- $args := list }}
+{{- if .Values.router.enabled }}{{ $args = append $args "--enable-scale-out" }}{{ end }}
 {{- if include "glm53.router.kvAware" . }}
 {{- $events := dict "enable_kv_cache_events" true "publisher" "zmq" "endpoint" (printf "tcp://*:%d" (int .Values.router.kvAware.eventsPort)) "topic" "kv-events" }}
-{{- list "--kv-events-config" ($events | toJson) | toJson }}
-{{- else }}
-{{- list | toJson }}
+{{- $args = concat $args (list "--kv-events-config" ($events | toJson)) }}
 {{- end }}
+{{- $args | toJson }}
 {{- end }}
 
 {{/*
