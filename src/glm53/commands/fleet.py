@@ -8,14 +8,11 @@ turned into the same interrupt as Ctrl-C, so both stop every process the fleet s
 from __future__ import annotations
 
 import argparse
-import shutil
-import signal
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 
+from glm53.commands.session import session
 from glm53.errors import EXIT_FAILURE, EXIT_OK
 from glm53.fleet import DEFAULT_POLICY, POLICIES, PREFIX_AFFINE, FleetSpec, running_fleet, validate_fleet
 from glm53.pod import say_to
@@ -55,34 +52,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _interrupt(_signum: int, _frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
-
-
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(argv)
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="glm53-fleet-"))
-    spec = FleetSpec(
-        get_profile(args.profile), args.replicas, args.router, workdir, kv_events=args.router == "kv_aware"
-    )
     say = say_to(sys.stdout)
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    passed = False
-    try:
+    with session("fleet", args.workdir, args.keep) as run:
+        kv_events = args.router == "kv_aware"
+        spec = FleetSpec(get_profile(args.profile), args.replicas, args.router, run.workdir, kv_events=kv_events)
         name = spec.profile.display_name
-        say(f"fleet: {spec.replicas} x {name} behind vllm-router ({spec.policy}); work dir {workdir}")
+        say(f"fleet: {spec.replicas} x {name} behind vllm-router ({spec.policy}); work dir {run.workdir}")
         with running_fleet(spec, say) as fleet:
             report = validate_fleet(fleet, Progress(sys.stderr))
             print(render_text(report))
             healthy = fleet.healthy()
             say(f"fleet: router sees {len(healthy)}/{spec.replicas} replicas healthy after validation")
-        write_json(report, workdir / "validation.json")
-        passed = report.passed
-        say(f"fleet: {'PASS' if passed else 'FAIL'} (all processes stopped)")
-        return EXIT_OK if passed else EXIT_FAILURE
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        if passed and args.workdir is None and not args.keep:
-            shutil.rmtree(workdir, ignore_errors=True)
-        else:
-            print(f"fleet: logs and report kept in {workdir}", file=sys.stderr)
+        write_json(report, run.workdir / "validation.json")
+        run.passed = report.passed
+        say(f"fleet: {'PASS' if run.passed else 'FAIL'} (all processes stopped)")
+        return EXIT_OK if run.passed else EXIT_FAILURE

@@ -8,14 +8,11 @@ Exit 0 when validation passes, 1 when it fails (or a server dies), 3 when the st
 from __future__ import annotations
 
 import argparse
-import shutil
-import signal
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 
+from glm53.commands.session import session
 from glm53.errors import EXIT_FAILURE, EXIT_OK
 from glm53.mock.engine import FAULTS
 from glm53.pod import PodPorts, PodSpec, run_pod, say_to
@@ -38,21 +35,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _interrupt(_signum: int, _frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
-
-
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(argv)
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="glm53-pod-"))
-    spec = PodSpec(get_profile(args.profile), workdir, PodPorts.free(), args.fault)
     say = say_to(sys.stdout)
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    passed = False
-    try:
+    with session("pod", args.workdir, args.keep) as run:
+        spec = PodSpec(get_profile(args.profile), run.workdir, PodPorts.free(), args.fault)
         fault = f", fault {spec.fault}" if spec.fault else ""
         say(f"pod: {spec.profile.display_name} (TP {spec.tensor_parallel_size}), real LMCache 0.5.6 server{fault}")
-        say(f"pod: work dir {workdir}")
+        say(f"pod: work dir {run.workdir}")
         outcome = run_pod(spec, say, Progress(sys.stderr))
         print(render_text(outcome.report))
         say(f"pod: exporter {spec.exporter_url} (what `curl` shows, trimmed):")
@@ -61,16 +51,10 @@ def main(argv: Sequence[str]) -> int:
         say(f"pod: LMCache server {spec.lmcache_url}/metrics (its own counters, summed over cache salts):")
         for line in outcome.lmcache_lines:
             say(f"  {line}")
-        write_json(outcome.report, workdir / "validation.json")
-        passed = outcome.report.passed
+        write_json(outcome.report, run.workdir / "validation.json")
+        run.passed = outcome.report.passed
         say(
-            f"pod: {'PASS' if passed else 'FAIL'} in {outcome.seconds:.1f} s (LMCache server start-up "
+            f"pod: {'PASS' if run.passed else 'FAIL'} in {outcome.seconds:.1f} s (LMCache server start-up "
             f"{outcome.lmcache_startup_seconds:.1f} s; all processes stopped)"
         )
-        return EXIT_OK if passed else EXIT_FAILURE
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        if passed and args.workdir is None and not args.keep:
-            shutil.rmtree(workdir, ignore_errors=True)
-        else:
-            print(f"pod: logs and report kept in {workdir}", file=sys.stderr)
+        return EXIT_OK if run.passed else EXIT_FAILURE
