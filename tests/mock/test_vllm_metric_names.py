@@ -1,0 +1,59 @@
+"""The stand-in's `/metrics` serves only what vLLM 0.33 serves: every family it exposes is declared in vLLM's own
+metrics logger, with the same type, so each sample name (a counter's `_total` and `_created` included) is a real one.
+
+vLLM declares its families in `vllm/v1/metrics/loggers.py` as `self._counter_cls(name="vllm:...")`,
+`self._gauge_cls(...)` and `self._histogram_cls(...)` (`_counter_cls = Counter` etc., loggers.py:474-476); the names are
+read from the released wheel that `scripts/setup.d/24-upstream-wheels.sh` downloads, not typed here.
+"""
+
+from __future__ import annotations
+
+import re
+import zipfile
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from glm53.mock.vllm_metrics import VllmMetrics
+
+WHEELS = Path(__file__).resolve().parents[2] / ".tools" / "upstream"
+DECLARATION = re.compile(r"self\._(counter|gauge|histogram)_cls\(\s*name=\"(vllm:[a-z0-9_:]+)\"")
+# What prometheus_client exposes for a family of each type (the default registry keeps `_created` series on).
+SUFFIXES = {"counter": ("_total", "_created"), "gauge": ("",), "histogram": ("_bucket", "_count", "_sum", "_created")}
+
+
+def vllm_families() -> dict[str, str]:
+    """{family name: type} as vLLM 0.33.0's metrics logger declares them."""
+    wheels = sorted(WHEELS.glob("vllm-0.33.0-*.whl"))
+    if not wheels:
+        pytest.fail(f"expected the vllm 0.33.0 wheel in {WHEELS}; run `bash scripts/setup.d/24-upstream-wheels.sh`")
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        source = wheel.read("vllm/v1/metrics/loggers.py").decode()
+    return {name: kind for kind, name in DECLARATION.findall(source)}
+
+
+def stand_in_exposition() -> str:
+    metrics = VllmMetrics("zai-org/GLM-5.3-Flash", cache_usage=lambda: 0.25)
+    metrics.prefix_queries.inc(8507)
+    metrics.ttft.observe(0.1)
+    return generate_latest(metrics.registry).decode()
+
+
+def test_every_family_the_stand_in_exposes_is_declared_by_vllm_with_the_same_type() -> None:
+    real = vllm_families()
+    assert {"vllm:prefix_cache_queries", "vllm:external_prefix_cache_hits"} <= set(real), "the pattern reads vLLM"
+    for family in text_string_to_metric_families(stand_in_exposition()):
+        # The text format carries a counter's or histogram's `_created` series as a gauge family of its own.
+        base = family.name.removesuffix("_created")
+        if base != family.name and real.get(base) in {"counter", "histogram"}:
+            continue
+        assert real.get(family.name) == family.type, f"{family.name} ({family.type}) is not a vLLM 0.33 {family.type}"
+
+
+def test_every_sample_name_is_one_vllm_serves() -> None:
+    served = {name + suffix for name, kind in vllm_families().items() for suffix in SUFFIXES[kind]}
+    samples = {s.name for family in text_string_to_metric_families(stand_in_exposition()) for s in family.samples}
+    assert "vllm:prefix_cache_queries_created" in samples  # one API server: the default registry's `_created`
+    assert samples <= served, sorted(samples - served)
