@@ -10,9 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-from glm53.commands.session import session
+from glm53.commands.session import add_session_arguments, session
 from glm53.errors import EXIT_FAILURE, EXIT_OK
 from glm53.fleet import DEFAULT_POLICY, POLICIES, PREFIX_AFFINE, FleetSpec, running_fleet, validate_fleet
 from glm53.pod import say_to
@@ -47,8 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
         "kv_aware makes the engines publish KV events on tcp://*:PORT (vLLM binds only wildcard endpoints)",
     )
     parser.add_argument("--profile", default=DEFAULT_PROFILE, choices=list(PROFILES), help="model profile")
-    parser.add_argument("--workdir", type=Path, help="where each replica's logs, router.log and validation.json go")
-    parser.add_argument("--keep", action="store_true", help="keep the temporary work dir even when validation passes")
+    add_session_arguments(parser, "where each replica's logs, router.log and validation.json go")
     return parser
 
 

@@ -10,9 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-from glm53.commands.session import session
+from glm53.commands.session import add_session_arguments, session
 from glm53.errors import EXIT_FAILURE, EXIT_OK
 from glm53.mock.engine import FAULTS
 from glm53.pod import PodPorts, PodSpec, run_pod, say_to
@@ -30,8 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--profile", default=DEFAULT_PROFILE, choices=list(PROFILES), help="model profile")
     parser.add_argument("--fault", choices=FAULTS, help="inject a fault into the engine (validation must catch it)")
-    parser.add_argument("--workdir", type=Path, help="where vllm.log, lmcache.log and validation.json go (kept)")
-    parser.add_argument("--keep", action="store_true", help="keep the temporary work dir even when validation passes")
+    add_session_arguments(parser, "where vllm.log, lmcache.log and validation.json go (kept)")
     return parser
 
 

@@ -8,6 +8,7 @@ is printed, because the logs are what explains a failure.
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import signal
 import sys
@@ -25,6 +26,12 @@ class Session:
 
     workdir: Path
     passed: bool = False
+
+
+def add_session_arguments(parser: argparse.ArgumentParser, workdir_help: str) -> None:
+    """`--workdir` and `--keep`, the two options `session` honours."""
+    parser.add_argument("--workdir", type=Path, help=workdir_help)
+    parser.add_argument("--keep", action="store_true", help="keep the temporary work dir even when validation passes")
 
 
 def _interrupt(_signum: int, _frame: FrameType | None) -> None:

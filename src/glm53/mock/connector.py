@@ -39,13 +39,19 @@ def _number(extra: dict[str, Any], key: str, default: float) -> float:
     return float(value)
 
 
-def parse_connector_config(text: str) -> ConnectorConfig:
+def _json_object(text: str, flag: str, example: str) -> dict[str, Any]:
+    """The JSON object a vLLM config flag carries, or a one-line error naming the flag."""
     try:
         config = json.loads(text)
     except json.JSONDecodeError as error:
-        raise Glm53Error(f"--kv-transfer-config is not valid JSON ({error.msg}); pass a JSON object") from None
+        raise Glm53Error(f"{flag} is not valid JSON ({error.msg}); pass a JSON object") from None
     if not isinstance(config, dict):
-        raise Glm53Error('--kv-transfer-config must be a JSON object, e.g. \'{"kv_connector":"LMCacheMPConnector"}\'')
+        raise Glm53Error(f"{flag} must be a JSON object, e.g. {example}")
+    return config
+
+
+def parse_connector_config(text: str) -> ConnectorConfig:
+    config = _json_object(text, "--kv-transfer-config", '\'{"kv_connector":"LMCacheMPConnector"}\'')
     if config.get("kv_connector") != CONNECTOR:
         raise Glm53Error(
             f"--kv-transfer-config kv_connector must be {CONNECTOR!r} (the mock emulates only LMCache's MP "
@@ -75,12 +81,7 @@ class KVEventsConfig:
 
 def parse_kv_events_config(text: str) -> KVEventsConfig | None:
     """The publisher to start, or None when events are off (`enable_kv_cache_events` false or publisher "null")."""
-    try:
-        config = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise Glm53Error(f"--kv-events-config is not valid JSON ({error.msg}); pass a JSON object") from None
-    if not isinstance(config, dict):
-        raise Glm53Error("--kv-events-config must be a JSON object, e.g. '{\"enable_kv_cache_events\":true}'")
+    config = _json_object(text, "--kv-events-config", "'{\"enable_kv_cache_events\":true}'")
     enabled = bool(config.get("enable_kv_cache_events", False))
     publisher = config.get("publisher") or ("zmq" if enabled else "null")  # kv_events.py:45-47
     if publisher not in ("zmq", "null"):
