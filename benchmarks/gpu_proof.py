@@ -40,7 +40,7 @@ if str(REPO_ROOT / "src") not in sys.path:  # the GPU host runs this file with a
     sys.path.insert(0, str(REPO_ROOT / "src"))
 
 from glm53.errors import Glm53Error  # noqa: E402
-from glm53.pod import free_ports  # noqa: E402
+from glm53.loopback import LOCALHOST, free_ports  # noqa: E402
 from glm53.profiles import (  # noqa: E402
     DSA_MLA,
     KDA_STATE,
@@ -49,7 +49,7 @@ from glm53.profiles import (  # noqa: E402
     ModelProfile,
     get_profile,
 )
-from glm53.sidecar import LOOPBACK, lmcache_server_command, serving  # noqa: E402
+from glm53.sidecar import serving  # noqa: E402
 
 PROG = "gpu-proof"
 DTYPE_BYTES = {"bfloat16": 2, "uint8": 1}
@@ -592,22 +592,38 @@ def one_request(
     }
 
 
+# lmcache 0.5.6 lmcache/usage_telemetry/identity.py:38-40: either switch stops the start-up usage report (the chart's
+# sidecar sets both); lmcache/banner.py:28,62: no banner in the server's log.
+SERVER_ENV = {"LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1", "LMCACHE_DISABLE_BANNER": "1"}
+
+
+def server_argv(
+    program: Sequence[str], case: Case, *, port: int, http_port: int, l1_size_gb: float, shm_name: str | None
+) -> list[str]:
+    """`program` and the sidecar's flags as the chart renders them for an install of this case (`profile`,
+    `lmcache.chunkSize`, `lmcache.separateObjectGroups`; charts/glm53/templates/_helpers.tpl, glm53.lmcacheServerArgs).
+
+    The GPU host runs this file without helm-python-sdk, so the flags are spelled here; tests/test_gpu_proof_dryrun.py
+    proves they equal the chart's, ports and L1 size aside. `--shm-name` is the CPU rehearsal's own: it puts L1 in a
+    POSIX SHM segment (lmcache 0.5.6 lmcache/v1/multiprocess/server.py:442-461), which the chart never asks for.
+    """
+    argv = [*program, "--host", LOCALHOST, "--port", str(port), "--chunk-size", str(case.chunk_size)]
+    if case.separate_object_groups:
+        argv.append("--separate-object-groups")
+    argv += ["--l1-size-gb", f"{l1_size_gb:g}", "--eviction-policy", "LRU"]
+    argv += ["--http-host", LOCALHOST, "--http-port", str(http_port), "--no-run-script-api-enabled"]
+    return argv if shm_name is None else [*argv, "--shm-name", shm_name]
+
+
 @contextlib.contextmanager
 def running_server(case: Case, settings: Settings, log: Path) -> Iterator[int]:
-    """The real `lmcache server` (the sidecar's flags, glm53.sidecar) in its own process; yields its request port."""
+    """The real `lmcache server` with the sidecar's flags (`server_argv`), a process of its own; yields its port."""
     port, http_port = free_ports(2)
     lmcache = Path(sys.executable).with_name("lmcache")
     program = (str(lmcache), "server") if lmcache.exists() else (sys.executable, "-m", "lmcache.cli.main", "server")
-    command = lmcache_server_command(
-        program,
-        port=port,
-        http_port=http_port,
-        chunk_size=case.chunk_size,
-        separate_object_groups=case.separate_object_groups,
-        l1_size_gb=settings.l1_size_gb,
-        shm_name=f"glm53-gpu-proof-{os.getpid()}-{port}" if settings.device == "cpu" else None,
-    )
-    with serving(command, http_port, log, SERVER_START_SECONDS, {"LMCACHE_DISABLE_BANNER": "1"}):
+    shm_name = f"glm53-gpu-proof-{os.getpid()}-{port}" if settings.device == "cpu" else None
+    argv = server_argv(program, case, port=port, http_port=http_port, l1_size_gb=settings.l1_size_gb, shm_name=shm_name)
+    with serving(argv, SERVER_ENV, http_port, log, SERVER_START_SECONDS):
         yield port
 
 
@@ -621,7 +637,7 @@ def run_case(torch: Any, case: Case, settings: Settings, out_dir: Path) -> dict[
     result: dict[str, Any] = {"case": case.name, "bytes_per_token": case.bytes_per_token, "server_log": log.name}
     with running_server(case, settings, log) as port:
         zmq_context = zmq.Context()
-        req_client = RequestClientFactory.create(f"tcp://{LOOPBACK}:{port}", context=zmq_context)
+        req_client = RequestClientFactory.create(f"tcp://{LOCALHOST}:{port}", context=zmq_context)
         try:
             chunk = int(req_client.get_chunk_size().result(timeout=RPC_TIMEOUT_SECONDS))
             if chunk != case.chunk_size:

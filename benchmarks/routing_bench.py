@@ -40,8 +40,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from glm53.errors import Glm53Error
-from glm53.fleet import FleetSpec, RunningFleet, running_replicas, running_router, scheduler_block_size
-from glm53.pod import RunningPod
+from glm53.fleet import FleetSpec, RunningFleet, replica_url, running_replicas, running_router, scheduler_block_size
+from glm53.loopback import RunningPod, quiet
+from glm53.pod import PodAddresses
 from glm53.profiles import PROFILES, get_profile
 from glm53.validate.client import VllmClient
 from glm53.validate.metrics import parse_exposition
@@ -97,7 +98,7 @@ def _counters(pods: Sequence[RunningPod]) -> list[tuple[float, float, float]]:
     rows = []
     for pod in pods:
         try:
-            m = VllmClient(pod.spec.vllm_url, 5.0).metrics()
+            m = VllmClient(PodAddresses.of(pod.plan).vllm, 5.0).metrics()
             rows.append((m.get(LOCAL_HITS, 0.0), m.get(EXTERNAL_HITS, 0.0), m.get("vllm:prompt_tokens_total", 0.0)))
         except Glm53Error:
             rows.append((0.0, 0.0, 0.0))
@@ -106,7 +107,7 @@ def _counters(pods: Sequence[RunningPod]) -> list[tuple[float, float, float]]:
 
 def reset_caches(pods: Sequence[RunningPod]) -> None:
     for pod in pods:
-        VllmClient(pod.spec.vllm_url, 10.0).reset_prefix_cache(reset_external=True)
+        VllmClient(PodAddresses.of(pod.plan).vllm, 10.0).reset_prefix_cache(reset_external=True)
 
 
 def drive(fleet: RunningFleet, requests: Sequence[Request], salt: str, model: str, clients: int) -> PolicyResult:
@@ -137,15 +138,13 @@ def drive(fleet: RunningFleet, requests: Sequence[Request], salt: str, model: st
 
 def l1_bytes_per_document(spec: FleetSpec, document: str, model: str) -> float:
     """What one document occupies in an LMCache server's L1, measured on a throwaway replica (real server, stand-in)."""
-    with running_replicas(dataclasses.replace(spec, replicas=1, workdir=spec.workdir / "calibration"), _quiet) as pods:
-        VllmClient(pods[0].spec.vllm_url, 60.0).complete(model, document, max_tokens=1, cache_salt="calibration")
-        with urllib.request.urlopen(f"{pods[0].spec.lmcache_url}/metrics", timeout=10.0) as response:
+    with running_replicas(dataclasses.replace(spec, replicas=1, workdir=spec.workdir / "calibration"), quiet) as pods:
+        VllmClient(PodAddresses.of(pods[0].plan).vllm, 60.0).complete(
+            model, document, max_tokens=1, cache_salt="calibration"
+        )
+        with urllib.request.urlopen(f"{PodAddresses.of(pods[0].plan).lmcache}/metrics", timeout=10.0) as response:
             metrics = parse_exposition(response.read().decode())
     return float(metrics.get(L1_BYTES, 0.0))
-
-
-def _quiet(_line: str) -> None:
-    """Replica start-up chatter is not part of the benchmark's output."""
 
 
 def report(result: PolicyResult, limit: int, doc_tokens: int, say: Callable[[str], None]) -> None:
@@ -199,24 +198,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not kv_events:
         say(f"{KV_AWARE}: skipped (pass --kv-aware: vLLM's KV-event publisher binds tcp://*:PORT, every interface)")
     results: dict[str, PolicyResult] = {}
-    with running_replicas(spec, _quiet) as pods:
+    with running_replicas(spec, quiet) as pods:
         for policy in policies:
             reset_caches(pods)
-            with running_router(spec, pods, policy, _quiet) as fleet:
+            with running_router(spec, pods, policy, quiet) as fleet:
                 results[policy] = drive(fleet, requests, f"bench-{policy}", profile.model_id, args.clients)
             report(results[policy], limit, doc_tokens, say)
         reset_caches(pods)
         victim = pods[-1]
-        with running_router(spec, pods, CACHE_AWARE, _quiet) as fleet:
-            victim.process("vllm").stop(spec.timing.grace_seconds)
+        with running_router(spec, pods, CACHE_AWARE, quiet) as fleet:
+            victim.process("vllm").stop(victim.plan.grace_period_s)
             killed = time.monotonic()
             dead = drive(fleet, requests, "bench-dead-replica", profile.model_id, args.clients)
-            while victim.spec.vllm_url in fleet.healthy() and time.monotonic() - killed < 30:
+            while replica_url(victim) in fleet.healthy() and time.monotonic() - killed < 30:
                 time.sleep(0.1)
             out_after = time.monotonic() - killed
             healthy = fleet.healthy()
         say(
-            f"dead replica ({victim.spec.vllm_url} stopped): {len(requests) - dead.failed}/{len(requests)} requests "
+            f"dead replica ({replica_url(victim)} stopped): {len(requests) - dead.failed}/{len(requests)} requests "
             f"succeeded through {CACHE_AWARE}; the router lists {len(healthy)} of {len(pods)} workers healthy "
             f"{out_after:.1f} s after the kill"
         )

@@ -22,16 +22,15 @@ from vllm_router.launch_router import parse_router_args
 from glm53.errors import Glm53Error
 from glm53.fleet import (
     FleetSpec,
-    ReplicaSpec,
-    RouterHealth,
     healthy_workers,
-    kv_events_config,
+    replica_url,
     router_command,
     running_fleet,
     scheduler_block_size,
     validate_fleet,
 )
-from glm53.pod import PodPorts, RunningPod
+from glm53.loopback import RunningPod, relocate, relocation_for
+from glm53.pod import render_plans
 from glm53.profiles import get_profile
 from glm53.validate.client import VllmClient
 from glm53.validate.progress import SilentProgress
@@ -39,23 +38,20 @@ from glm53.validate.progress import SilentProgress
 FLASH = get_profile("glm53-flash")
 
 
-def _pods(tmp_path: Path, count: int, events: bool) -> list[RunningPod]:
-    return [
-        RunningPod(
-            ReplicaSpec(
-                FLASH,
-                tmp_path / str(i),
-                dataclasses.replace(PodPorts.free(), vllm=8000 + i),
-                kv_events_port=(5557 + i) if events else None,
-            )
-        )
-        for i in range(count)
-    ]
+def _pods(spec: FleetSpec) -> list[RunningPod]:
+    """The fleet's replicas as planned (nothing started): engine i on port 8000 + i, its KV events on 5557 + i."""
+    plan = render_plans(spec.pod_options()).serving
+    pods = []
+    for i in range(spec.replicas):
+        placed = relocation_for(plan, spec.workdir / str(i))
+        relocation = dataclasses.replace(placed, ports={**placed.ports, 8000: 8000 + i, 5557: 5557 + i})
+        pods.append(RunningPod(relocate(plan, relocation), relocation, spec.workdir / str(i)))
+    return pods
 
 
 def test_the_real_router_parser_accepts_the_fleet_command_line(tmp_path: Path) -> None:
-    pods = _pods(tmp_path, 3, events=False)
-    command = router_command("vllm-router", "cache_aware", 30001, 30002, pods, RouterHealth())
+    spec = FleetSpec(FLASH, 3, "cache_aware", tmp_path)
+    command = router_command("vllm-router", "cache_aware", 30001, 30002, _pods(spec), spec)
     assert command[0] == "vllm-router"
     parsed = parse_router_args(command[1:])
     parsed._validate_router_args()
@@ -73,15 +69,15 @@ def test_the_real_router_parser_accepts_the_fleet_command_line(tmp_path: Path) -
 
 
 def test_kv_aware_binds_each_worker_to_its_event_publisher(tmp_path: Path) -> None:
-    pods = _pods(tmp_path, 2, events=True)
-    parsed = parse_router_args(router_command("vllm-router", "kv_aware", 1, 2, pods, RouterHealth())[1:])
+    spec = FleetSpec(FLASH, 2, "kv_aware", tmp_path, kv_events=True)
+    pods = _pods(spec)
+    parsed = parse_router_args(router_command("vllm-router", "kv_aware", 1, 2, pods, spec)[1:])
     assert parsed.kv_event_source == [
         "http://127.0.0.1:8000=tcp://127.0.0.1:5557",
         "http://127.0.0.1:8001=tcp://127.0.0.1:5558",
     ]
     assert (parsed.kv_event_block_size, parsed.kv_event_model) == (1152, "zai-org/GLM-5.3-Flash")
-    engine = pods[0].spec.vllm_command()
-    config = json.loads(engine[engine.index("--kv-events-config") + 1])
+    config = json.loads(pods[0].plan.container("vllm").option("--kv-events-config"))
     # vllm/config/kv_events.py:14-47: the fields vLLM 0.33 reads.
     assert config == {
         "enable_kv_cache_events": True,
@@ -89,13 +85,12 @@ def test_kv_aware_binds_each_worker_to_its_event_publisher(tmp_path: Path) -> No
         "endpoint": "tcp://*:5557",  # vLLM binds only wildcard endpoints (kv_events.py:461-467)
         "topic": "kv-events",
     }
-    assert json.loads(kv_events_config(6000))["endpoint"] == "tcp://*:6000"
 
 
 def test_every_replica_serves_the_render_routes_the_router_tokenizes_through(tmp_path: Path) -> None:
     # vllm 0.33.0 entrypoints/scale_out/factories.py:94-129: /v1/completions/render answers 403 without this flag, and
     # vllm-router then routes cache_aware and kv_aware requests on load alone.
-    assert "--enable-scale-out" in _pods(tmp_path, 1, events=False)[0].spec.vllm_command()
+    assert "--enable-scale-out" in _pods(FleetSpec(FLASH, 1, "cache_aware", tmp_path))[0].plan.container("vllm").argv
 
 
 def test_block_size_of_the_events_is_the_engines_scheduler_block() -> None:
@@ -144,7 +139,7 @@ def test_fleet_validates_through_the_router_and_survives_a_dead_replica(tmp_path
     spec = FleetSpec(FLASH, 2, "cache_aware", tmp_path)
     lines: list[str] = []
     with running_fleet(spec, lines.append) as fleet:
-        assert sorted(fleet.healthy()) == sorted(p.spec.vllm_url for p in fleet.pods)
+        assert sorted(fleet.healthy()) == sorted(replica_url(p) for p in fleet.pods)
         report = validate_fleet(fleet, SilentProgress())
         assert report.passed, report
         assert report.equivalence is not None and report.boundary is not None and report.perf is None
@@ -154,9 +149,9 @@ def test_fleet_validates_through_the_router_and_survives_a_dead_replica(tmp_path
         # to it before that can fail with the router's 500 ("error sending request"): vllm-router 0.1.17 does not
         # re-route them (measured), which is why the chart's health checks run every few seconds.
         deadline = time.monotonic() + 15
-        while victim.spec.vllm_url in fleet.healthy() and time.monotonic() < deadline:
+        while replica_url(victim) in fleet.healthy() and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert fleet.healthy() == [fleet.pods[0].spec.vllm_url]
+        assert fleet.healthy() == [replica_url(fleet.pods[0])]
         client = VllmClient(fleet.url, 30.0)
         for i in range(20):
             done = client.complete(FLASH.model_id, f"question {i} about nothing", max_tokens=1, cache_salt=f"s{i}")

@@ -2,8 +2,9 @@
 
 The GPU proof itself needs an H200 (see docs/operations.md, "What is verified where"); CI checks what can rot without
 one: the script's argument handling and input checks, the plan it prints, the geometry and byte counts the speed
-numbers are divided by, and (slow) the engine stand-in's store/lookup/retrieve flow against the real `lmcache server`
-on CPU, which LMCache moves through POSIX SHM instead of CUDA IPC.
+numbers are divided by, that the server it starts has the chart's sidecar flags, and (slow) the engine stand-in's
+store/lookup/retrieve flow against the real `lmcache server` on CPU, which LMCache moves through POSIX SHM instead of
+CUDA IPC.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from glm53 import chart
+from glm53.podplan import deployment_pod
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gpu-proof.sh"
@@ -109,6 +113,25 @@ def test_missing_carried_inputs_are_named(carry: Path, missing: str, message: st
     result = dry_run("--carry", str(carry))
     assert result.returncode == 2
     assert message in result.stderr
+
+
+@pytest.mark.parametrize("name", gp.DEFAULT_CASES)
+def test_the_proofs_server_runs_the_charts_sidecar_flags(name: str) -> None:
+    """The GPU host has no helm-python-sdk, so gpu_proof spells the sidecar's flags itself: they must be what the chart
+    renders for the same install (GPU mode), ports and L1 size aside; its environment only adds the banner switch."""
+    case = gp.parse_case(name)
+    lmcache = {"chunkSize": case.chunk_size, "separateObjectGroups": case.separate_object_groups}
+    sidecar = deployment_pod(chart.render({"profile": case.profile, "lmcache": lmcache})).container("lmcache")
+    built = gp.server_argv(
+        ("lmcache", "server"),
+        case,
+        port=int(sidecar.option("--port")),
+        http_port=int(sidecar.option("--http-port")),
+        l1_size_gb=float(sidecar.option("--l1-size-gb")),
+        shm_name=None,
+    )
+    assert tuple(built) == sidecar.served_argv
+    assert set(gp.SERVER_ENV.items()) - set(sidecar.env) == {("LMCACHE_DISABLE_BANNER", "1")}
 
 
 def test_flash_groups_follow_the_profile_table() -> None:

@@ -8,6 +8,7 @@ the pod's own output lines and by polling with deadlines, never by sleeping.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import signal
@@ -23,22 +24,20 @@ from pathlib import Path
 import pytest
 
 from glm53.errors import Glm53Error
+from glm53.loopback import RunningPod, free_ports, quiet, relocation_for, running_pod
 from glm53.pod import (
     EXIT_NOT_READY,
-    PodPorts,
-    PodSpec,
-    RunningPod,
+    PodAddresses,
+    PodOptions,
     exporter_highlights,
-    free_ports,
-    lmcache_program,
-    run_pod,
-    running_pod,
+    pod_values,
+    render_plans,
+    started_pod,
     totals,
-    wait_ready,
+    wait_pod_ready,
 )
-from glm53.pod import wait_startup_probe as probe_until_ready
+from glm53.podplan import ContainerPlan
 from glm53.profiles import get_profile
-from glm53.validate.progress import SilentProgress
 
 MARKER = "GLM53_POD_TEST_MARKER"
 pytestmark = pytest.mark.slow
@@ -108,15 +107,32 @@ def test_lmcache_totals_sum_every_cache_salts_series() -> None:
     ]
 
 
-def test_the_sidecar_is_the_real_lmcache_server_with_the_charts_flags(tmp_path: Path) -> None:
-    spec = PodSpec(get_profile("glm53-flash"), tmp_path, PodPorts(8000, 5555, 8080, 9400))
-    argv, env = spec.lmcache_command()
-    assert argv[:2] == [lmcache_program(), "server"]
-    assert argv[argv.index("--chunk-size") + 1] == "1152"
-    assert "--separate-object-groups" in argv and "--no-run-script-api-enabled" in argv
-    assert argv[argv.index("--shm-name") + 1] == f"glm53-pod-{os.getpid()}-5555"
-    assert env == {"LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1"}
-    assert spec.exporter_command()[spec.exporter_command().index("--lmcache-url") + 1] == "http://127.0.0.1:8080"
+FLASH = get_profile("glm53-flash")
+
+
+def test_the_main_job_runs_the_charts_mock_pod_with_the_real_lmcache_server() -> None:
+    plans = render_plans(PodOptions(FLASH))
+    sidecar, engine = plans.serving.container("lmcache"), plans.serving.container("vllm")
+    assert [c.name for c in plans.serving.containers] == ["lmcache", "vllm", "exporter"]
+    assert sidecar.sidecar and sidecar.served_argv[:2] == ("lmcache", "server")
+    assert sidecar.option("--chunk-size") == "1152" and "--no-run-script-api-enabled" in sidecar.argv
+    assert {("LMCACHE_TRACK_USAGE", "false"), ("DO_NOT_TRACK", "1")} <= set(sidecar.env)
+    assert engine.served_argv[:3] == ("glm53", "mock", "vllm") and ("VLLM_SERVER_DEV_MODE", "1") in engine.env
+    assert plans.test is not None and plans.test.containers[0].argv[:2] == ("glm53", "validate")
+
+
+def test_the_main_jobs_values_are_an_install_not_a_second_pod() -> None:
+    """Everything the main job chooses is a chart value; the fault goes through the mock's extra arguments."""
+    values = pod_values(PodOptions(FLASH, fault="recovery-mismatch", values={"mock": {"l1SizeGb": 2}}))
+    assert values["mock"] == {
+        "enabled": True,
+        "loadSeconds": 2,
+        "vllmExtraArgs": ["--fault", "recovery-mismatch"],
+        "l1SizeGb": 2,
+    }
+    assert values["probes"]["startup"] == {"periodSeconds": 1, "failureThreshold": 30}
+    engine = render_plans(PodOptions(FLASH, fault="recovery-mismatch")).serving.container("vllm")
+    assert engine.argv[-2:] == ("--fault", "recovery-mismatch")
 
 
 def glm53_pod(*args: str) -> list[str]:
@@ -168,8 +184,10 @@ def test_main_job_passes(profile: str, hit: str, marker: str) -> None:
 def test_main_job_keeps_logs_and_report_in_the_workdir(tmp_path: Path, marker: str) -> None:
     result = run_pod_cli("--workdir", str(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert {"vllm.log", "lmcache.log", "validation.json"} <= {p.name for p in tmp_path.iterdir()}
-    assert "Resolved LMCache MP geometry" in (tmp_path / "vllm.log").read_text()
+    assert {"logs", "containers", "validation.json"} <= {p.name for p in tmp_path.iterdir()}
+    assert {"vllm.log", "lmcache.log"} <= {p.name for p in (tmp_path / "logs").iterdir()}
+    assert "Resolved LMCache MP geometry" in (tmp_path / "logs" / "vllm.log").read_text()
+    assert "loopback: ports moved to free loopback ones: 5555->" in result.stdout
     assert f"pod: logs and report kept in {tmp_path}" in result.stderr
 
 
@@ -207,56 +225,67 @@ def test_interrupted_pod_leaves_no_process(signum: int, tmp_path: Path, marker: 
     assert "Traceback" not in stderr
 
 
-def spec_for(tmp_path: Path, *, dev_mode: bool = True, chunk_size_override: int | None = None) -> PodSpec:
-    return PodSpec(
-        get_profile("glm53-flash"),
-        tmp_path,
-        PodPorts.free(),
-        dev_mode=dev_mode,
-        chunk_size_override=chunk_size_override,
+def with_chunk_size(container: ContainerPlan, chunk_size: int) -> ContainerPlan:
+    """`container` with every `--chunk-size` value replaced: in its command and in its startup probe."""
+
+    def replaced(argv: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(str(chunk_size) if i and argv[i - 1] == "--chunk-size" else part for i, part in enumerate(argv))
+
+    probe = container.startup_probe
+    return dataclasses.replace(
+        container,
+        argv=replaced(container.argv),
+        startup_probe=None if probe is None else dataclasses.replace(probe, command=replaced(probe.command)),
     )
 
 
 def test_port_already_taken_is_one_line_and_never_ready(tmp_path: Path, marker: str) -> None:
-    vllm, lmcache, http, exporter = free_ports(4)
+    plans = render_plans(PodOptions(FLASH))
+    relocation = relocation_for(plans.serving, tmp_path)
+    (vllm,) = free_ports(1)
+    relocation = dataclasses.replace(relocation, ports={**relocation.ports, 8000: vllm})
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", vllm))
         squatter.listen()
-        spec = PodSpec(get_profile("glm53-flash"), tmp_path, PodPorts(vllm, lmcache, http, exporter))
-        with pytest.raises(Glm53Error) as caught:
-            run_pod(spec, lambda _: None, SilentProgress())
+        with pytest.raises(Glm53Error) as caught, running_pod(plans.serving, tmp_path, quiet, relocation) as pod:
+            wait_pod_ready(pod, quiet)
     assert caught.value.exit_code == EXIT_NOT_READY
     assert caught.value.message == (
         f"vllm exited with status 1 (glm53 mock: error: cannot bind the vLLM API server to 127.0.0.1:{vllm}: Address "
-        f"already in use; stop the process using it or choose another --port); see {tmp_path / 'vllm.log'}"
+        f"already in use; stop the process using it or choose another --port); see {tmp_path / 'containers/vllm.log'}"
     )
 
 
 def test_wrong_chunk_size_is_refused_at_engine_start(tmp_path: Path, marker: str) -> None:
-    """Released LMCache 0.5.6 on the default 256 for GLM-5.3-Flash: the connector refuses it, the probe says so."""
-    with pytest.raises(Glm53Error) as caught:
-        run_pod(spec_for(tmp_path, chunk_size_override=256), lambda _: None, SilentProgress())
+    """Released LMCache 0.5.6 on 256 for GLM-5.3-Flash: the connector refuses it, the probe says so.
+
+    The chart refuses to render this (lmcache.chunkSize must be a multiple of 1152), so the test edits the plan: the
+    same --chunk-size in the sidecar and in the engine's startup probe, as a hand-edited Deployment would have.
+    """
+    plans = render_plans(PodOptions(FLASH))
+    wrong = tuple(with_chunk_size(c, 256) for c in plans.serving.containers)
+    plans = dataclasses.replace(plans, serving=dataclasses.replace(plans.serving, containers=wrong))
+    with pytest.raises(Glm53Error) as caught, started_pod(plans, tmp_path, lambda _: None):
+        pass
     assert caught.value.exit_code == EXIT_NOT_READY
     assert "set --chunk-size 1152" in caught.value.message
-    assert "EngineCore failed to start" in (tmp_path / "vllm.log").read_text()
+    assert "EngineCore failed to start" in (tmp_path / "logs" / "vllm.log").read_text()
 
 
 @contextmanager
-def started(spec: PodSpec) -> Iterator[RunningPod]:
-    """The pod up and Ready, stopped on leaving."""
-    with running_pod(spec, lambda _: None) as pod:
-        probe_until_ready(pod, lambda _: None)
-        wait_ready(pod)
+def started(tmp_path: Path, validation: bool = True) -> Iterator[RunningPod]:
+    """The main job's pod up and Ready, stopped on leaving."""
+    with started_pod(render_plans(PodOptions(FLASH, validation=validation)), tmp_path, lambda _: None) as pod:
         yield pod
 
 
 def validate(pod: RunningPod, *args: str) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "glm53", "validate", "--base-url", pod.spec.vllm_url, *args]
+    command = [sys.executable, "-m", "glm53", "validate", "--base-url", PodAddresses.of(pod.plan).vllm, *args]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def test_dev_mode_off_is_one_line(tmp_path: Path, marker: str) -> None:
-    with started(spec_for(tmp_path, dev_mode=False)) as pod:
+    with started(tmp_path, validation=False) as pod:
         stdout, stderr = validate(pod).communicate(timeout=60)
     assert stderr.splitlines()[-1] == (
         "glm53 validate: error: POST /reset_prefix_cache?reset_external=false answered 404: vLLM's dev mode is off; "
@@ -267,7 +296,7 @@ def test_dev_mode_off_is_one_line(tmp_path: Path, marker: str) -> None:
 
 def test_lmcache_killed_mid_run_fails_clearly_without_hanging(tmp_path: Path, marker: str) -> None:
     """The sidecar dies: the next request fails within the engine's RPC deadline and the engine exits, naming it."""
-    with started(spec_for(tmp_path)) as pod:
+    with started(tmp_path) as pod:
         run = validate(pod, "--checks", "equivalence,boundary", "--runs", "8", "--timeout", "30")
         assert run.stderr is not None
         for line in run.stderr:
@@ -281,5 +310,5 @@ def test_lmcache_killed_mid_run_fails_clearly_without_hanging(tmp_path: Path, ma
     assert run.returncode != 0, stdout
     assert "the LMCache MP server at 'tcp://127.0.0.1:" in stderr.splitlines()[-1]
     assert caught.value.message.startswith("lmcache exited with status -9")
-    vllm_log = (tmp_path / "vllm.log").read_text().splitlines()
+    vllm_log = (tmp_path / "logs" / "vllm.log").read_text().splitlines()
     assert any(line.startswith("glm53 mock: error: the LMCache MP server at 'tcp://127.0.0.1:") for line in vllm_log)

@@ -1,12 +1,12 @@
 """The CPU fleet: N CPU-mock pods behind the vLLM project's router (vllm-router) on loopback.
 
-What the chart's `router.enabled=true` deploys, run on this machine: every replica is a whole `glm53 pod` (its own
-LMCache server, engine stand-in and exporter, started and stopped by `glm53.pod.running_pod`), and the real
-`vllm-router` binary sits in front of them with static `--worker-urls` (loopback has no Kubernetes API to discover pods
-from). Each replica must pass its readiness check (/health, /v1/models; the startup probe is `glm53 pod`'s subject)
-before the router starts, and the router must report every replica healthy before the fleet is handed out. Leaving
-the fleet stops the router first, then the replicas, whatever happened, with SIGINT/SIGTERM ignored while stopping (as
-`running_pod` does), so Ctrl-C leaves no process.
+What the chart's `router.enabled=true` deploys, run on this machine: the chart renders the engine pod once (with the
+router on, so the engines get `--enable-scale-out`, and with kv_aware their KV-event publisher), and every replica
+runs that one plan through `glm53.loopback` with its own free ports and work dir. The real `vllm-router` binary sits in
+front of them with static `--worker-urls` (loopback has no Kubernetes API to discover pods from). Each replica must
+pass its startup and readiness probes before the router starts, and the router must report every replica healthy
+before the fleet is handed out. Leaving the fleet stops the router first, then the replicas, whatever happened, with
+SIGINT/SIGTERM ignored while stopping, so Ctrl-C leaves no process.
 """
 
 from __future__ import annotations
@@ -17,25 +17,16 @@ import functools
 import json
 import os
 import shutil
-import signal
 import sys
+import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from glm53.errors import EXIT_FAILURE, Glm53Error
-from glm53.pod import (
-    LOCALHOST,
-    PodPorts,
-    PodSpec,
-    RunningPod,
-    Supervised,
-    Timing,
-    free_ports,
-    poll_until,
-    running_pod,
-    wait_ready,
-)
+from glm53.loopback import LOCALHOST, ContainerProcess, RunningPod, free_ports, running_pod, stop_all
+from glm53.pod import ENGINE, HTTP_DEADLINE_S, PodAddresses, PodOptions, PodPlans, render_plans, wait_pod_ready
 from glm53.profiles import ModelProfile
 from glm53.validate.progress import Progress
 from glm53.validate.report import ValidationReport
@@ -47,15 +38,11 @@ POLICIES = ("cache_aware", "round_robin", "power_of_two", "random", "consistent_
 DEFAULT_POLICY = "cache_aware"
 # Prefix-affine policies send a prompt's cold and cached runs to the same pod; validation needs that, because every
 # pod has its own LMCache server and the cached run must find what the cold run stored.
+# How long the router may take to stop after SIGTERM before it is killed.
+GRACE_SECONDS = 15.0
 PREFIX_AFFINE = ("cache_aware", "consistent_hash", "kv_aware")
 # Validation through the router: the seed's equivalence and boundary checks (perf is a single-pod study).
 FLEET_CHECKS = ("equivalence", "boundary")
-KV_EVENTS_TOPIC = "kv-events"
-# cache_aware and kv_aware route on tokens the router gets from a worker's POST /v1/completions/render (measured with
-# 0.1.17: without it the router logs "Prefix input preparation unavailable ... render_unavailable" and routes on load
-# alone). vLLM 0.33 serves that route only with this flag (vllm/entrypoints/scale_out/factories.py:94-129), so every
-# replica gets it; the chart's engines need it too when the router is on.
-SCALE_OUT_FLAG = "--enable-scale-out"
 
 
 def scheduler_block_size(profile: ModelProfile) -> int:
@@ -66,39 +53,6 @@ def scheduler_block_size(profile: ModelProfile) -> int:
             raise Glm53Error(f"{profile.display_name}'s block size at TP {profile.tensor_parallel_size} is unknown")
         return unified
     return max(profile.fixed_block_sizes)
-
-
-def kv_events_config(port: int) -> str:
-    """vLLM 0.33's `--kv-events-config` for a ZMQ publisher on `port` (fields: vllm/config/kv_events.py:14-47).
-
-    The endpoint is the wildcard `tcp://*:P`, so it listens on every interface: vllm/distributed/kv_events.py:461-467
-    binds only wildcard, `::` and ipc/inproc endpoints and *connects* to any other (`tcp://127.0.0.1:P` would leave
-    publisher and router both connecting), zmq refuses `tcp://[::1]:P` without its IPv6 option, and vllm-router 0.1.17
-    accepts only `tcp://HOST:PORT` sources (measured: "KV endpoint must be tcp://HOST:PORT without credentials or
-    paths"). The chart does the same inside the pod, behind its NetworkPolicy.
-    """
-    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{port}"}
-    return json.dumps({**config, "topic": KV_EVENTS_TOPIC})
-
-
-@dataclasses.dataclass(frozen=True)
-class ReplicaSpec(PodSpec):
-    """One fleet replica: a `glm53 pod` whose engine stand-in may get extra flags (e.g. a smaller local cache)."""
-
-    extra_vllm_args: tuple[str, ...] = ()
-    kv_events_port: int | None = None
-    # The LMCache server's L1 in GiB; None: the pod's default.
-    lmcache_l1_gb: float | None = None
-
-    def lmcache_command(self) -> tuple[list[str], dict[str, str]]:
-        argv, env = super().lmcache_command()
-        # lmcache's argparse lets the last occurrence of a flag win (upstream.md, "Argument parsing").
-        return (argv if self.lmcache_l1_gb is None else [*argv, "--l1-size-gb", f"{self.lmcache_l1_gb:g}"]), env
-
-    def vllm_command(self) -> list[str]:
-        # vLLM's parser (and the stand-in's argparse) let the last occurrence of a flag win.
-        events = () if self.kv_events_port is None else ("--kv-events-config", kv_events_config(self.kv_events_port))
-        return [*super().vllm_command(), SCALE_OUT_FLAG, *self.extra_vllm_args, *events]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,31 +72,27 @@ class FleetSpec:
     workdir: Path
     # Per-replica local prefix-cache capacity in blocks (the stand-in's --num-gpu-blocks-override); None: its default.
     local_cache_blocks: int | None = None
-    # Per-replica LMCache L1 in GiB; None: the pod's default.
+    # Per-replica LMCache L1 in GiB (the chart's mock.l1SizeGb); None: the chart's.
     lmcache_l1_gb: float | None = None
     # Engines publish KV events (needed by kv_aware; harmless otherwise).
     kv_events: bool = False
     health: RouterHealth = dataclasses.field(default_factory=RouterHealth)
-    timing: Timing = dataclasses.field(default_factory=Timing)
+    chart: Path | None = None
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
             raise Glm53Error(f"--replicas must be at least 1, got {self.replicas}")
         check_policy(self.policy, self.kv_events)
 
-    def replica(self, index: int) -> ReplicaSpec:
-        blocks = () if self.local_cache_blocks is None else ("--num-gpu-blocks-override", str(self.local_cache_blocks))
-        workdir = self.workdir / f"replica-{index}"
-        events = free_ports(1)[0] if self.kv_events else None
-        return ReplicaSpec(
-            self.profile,
-            workdir,
-            PodPorts.free(),
-            timing=self.timing,
-            extra_vllm_args=blocks,
-            kv_events_port=events,
-            lmcache_l1_gb=self.lmcache_l1_gb,
-        )
+    def pod_options(self) -> PodOptions:
+        """The chart install of one replica: the router on (kv_aware when the engines publish KV events)."""
+        router = {"enabled": True, "policy": "kv_aware" if self.kv_events else DEFAULT_POLICY}
+        mock: dict[str, Any] = {}
+        if self.local_cache_blocks is not None:
+            mock["vllmExtraArgs"] = ["--num-gpu-blocks-override", str(self.local_cache_blocks)]
+        if self.lmcache_l1_gb is not None:
+            mock["l1SizeGb"] = self.lmcache_l1_gb
+        return PodOptions(self.profile, chart=self.chart, values={"router": router, "mock": mock})
 
 
 def check_policy(policy: str, kv_events: bool) -> None:
@@ -152,11 +102,18 @@ def check_policy(policy: str, kv_events: bool) -> None:
         raise Glm53Error("the kv_aware policy needs engines that publish KV events; start the fleet with kv_events on")
 
 
+def kv_events_port(pod: RunningPod) -> int:
+    """The port of a replica's KV-event publisher: the `tcp://*:P` endpoint of its engine's `--kv-events-config`."""
+    config = json.loads(pod.plan.container(ENGINE).option("--kv-events-config"))
+    return int(str(config["endpoint"]).rsplit(":", 1)[1])
+
+
 def router_command(
-    program: str, policy: str, port: int, metrics_port: int, pods: Sequence[RunningPod], health: RouterHealth
+    program: str, policy: str, port: int, metrics_port: int, pods: Sequence[RunningPod], spec: FleetSpec
 ) -> list[str]:
     """The `vllm-router` command line for static workers on loopback (flags: vllm_router/router_args.py)."""
-    urls = [pod.spec.vllm_url for pod in pods]
+    urls = [replica_url(pod) for pod in pods]
+    health, profile = spec.health, spec.profile
     command = [
         program,
         *("--host", LOCALHOST, "--port", str(port), "--worker-urls", *urls, "--policy", policy),
@@ -172,12 +129,14 @@ def router_command(
     ]
     if policy == "kv_aware":
         # router_args.py:240-265: static sources, one per worker URL; block size and model shared by all workers.
-        profile = pods[0].spec.profile
         for pod in pods:
-            assert isinstance(pod.spec, ReplicaSpec) and pod.spec.kv_events_port is not None
-            command += ["--kv-event-source", f"{pod.spec.vllm_url}=tcp://{LOCALHOST}:{pod.spec.kv_events_port}"]
+            command += ["--kv-event-source", f"{replica_url(pod)}=tcp://{LOCALHOST}:{kv_events_port(pod)}"]
         command += ["--kv-event-block-size", str(scheduler_block_size(profile)), "--kv-event-model", profile.model_id]
     return command
+
+
+def replica_url(pod: RunningPod) -> str:
+    return PodAddresses.of(pod.plan).vllm
 
 
 def router_program() -> str:
@@ -200,7 +159,7 @@ class RunningFleet:
     spec: FleetSpec
     policy: str
     pods: list[RunningPod]
-    router: Supervised
+    router: ContainerProcess
     url: str
 
     def healthy(self) -> list[str]:
@@ -211,27 +170,19 @@ class RunningFleet:
         self.router.check_running(EXIT_FAILURE)
 
 
-def _stop_ignoring_interrupts(process: Supervised, grace_seconds: float) -> None:
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        process.stop(grace_seconds)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
 @contextlib.contextmanager
 def running_replicas(spec: FleetSpec, say: Callable[[str], None]) -> Iterator[list[RunningPod]]:
-    """Start every replica (each a whole pod) and wait until each is ready; on leaving, stop them all."""
+    """Start every replica of the rendered pod, then wait until each is Ready; on leaving, stop them all."""
+    plans: PodPlans = render_plans(spec.pod_options())
     spec.workdir.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         pods: list[RunningPod] = []
         for index in range(spec.replicas):
             replica_say = functools.partial(_prefixed, say, f"replica {index}: ")
-            pods.append(stack.enter_context(running_pod(spec.replica(index), replica_say)))
+            pods.append(stack.enter_context(running_pod(plans.serving, spec.workdir / f"replica-{index}", replica_say)))
         for index, pod in enumerate(pods):
-            wait_ready(pod)
-            say(f"fleet: replica {index} ready at {pod.spec.vllm_url}")
+            wait_pod_ready(pod, functools.partial(_prefixed, say, f"replica {index}: "))
+            say(f"fleet: replica {index} ready at {replica_url(pod)}")
         yield pods
 
 
@@ -246,19 +197,26 @@ def running_router(
     """Start vllm-router over the replicas and wait until it reports every live one healthy; stop it on leaving."""
     check_policy(policy, spec.kv_events)
     port, metrics_port = free_ports(2)
-    command = router_command(router_program(), policy, port, metrics_port, pods, spec.health)
+    command = router_command(router_program(), policy, port, metrics_port, pods, spec)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1"}
-    router = Supervised("router", spec.workdir / f"router-{policy}.log", command, env)
+    router = ContainerProcess("router", command, env, spec.workdir / f"router-{policy}.log")
     try:
         fleet = RunningFleet(spec, policy, pods, router, f"http://{LOCALHOST}:{port}")
-        live = sorted(pod.spec.vllm_url for pod in pods if all(p.process.poll() is None for p in pod.processes))
-        # poll_until fails early when any process it watches exits, and names the fleet's work dir.
-        watched = RunningPod(dataclasses.replace(pods[0].spec, workdir=spec.workdir), [router])
-        poll_until(lambda: _healthy_are(fleet, live), spec.timing.http_deadline, watched, "the router's /workers")
+        live = sorted(replica_url(pod) for pod in pods if all(p.process.poll() is None for p in pod.processes))
+        deadline = time.monotonic() + HTTP_DEADLINE_S
+        while not _healthy_are(fleet, live):
+            fleet.check_router()
+            if time.monotonic() > deadline:
+                raise Glm53Error(
+                    f"the router's /workers did not list {len(live)} healthy replicas within {HTTP_DEADLINE_S:g} s; "
+                    f"see {router.log}",
+                    EXIT_FAILURE,
+                )
+            time.sleep(0.1)
         say(f"fleet: vllm-router ({policy}) at {fleet.url} over {len(live)} replicas")
         yield fleet
     finally:
-        _stop_ignoring_interrupts(router, spec.timing.grace_seconds)
+        stop_all([router], GRACE_SECONDS)
 
 
 @contextlib.contextmanager

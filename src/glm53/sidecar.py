@@ -1,12 +1,9 @@
-"""The LMCache sidecar's command line: one builder that the CPU pod, the container pod and the chart helper all match.
+"""Run one `lmcache server` alone as a plain child, healthy before use: for tests and benchmarks, never for the pod.
 
-The sidecar is the real `lmcache server` (LMCache 0.5.6, multiprocess mode) everywhere: on the GPU pod, in the CPU pod
-of the main job and in the mock image. Its flags are the ones the chart renders
-(`charts/glm53/templates/_helpers.tpl`, `glm53.lmcacheServerArgs`): both endpoints on loopback (the admin HTTP API has
-no authentication), the chunk size passed explicitly (0.5.6 cannot negotiate it), `--separate-object-groups` for
-hybrid models (0.5.6 defaults it off), and `/run_script` (remote code execution) switched off by name. `--shm-name`
-puts the L1 pool in `/dev/shm` instead of the process heap, which is what keeps a CPU pod's RSS low. The server also
-sends a usage report at start unless told not to, so the environment carries both of LMCache's opt-outs.
+The sidecar's flags are not defined here: the chart renders them (`charts/glm53/templates/_helpers.tpl`,
+`glm53.lmcacheServerArgs`), and a test that needs the real server alone takes the rendered command line and
+environment (`glm53.podplan`, moved onto free ports by `glm53.loopback.relocate`). In the pod the server runs under
+`glm53 supervise`; this module only starts a given argv, waits for its `/healthcheck` and stops it.
 """
 
 from __future__ import annotations
@@ -17,63 +14,26 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 from glm53.errors import Glm53Error
-
-# lmcache 0.5.6 lmcache/usage_telemetry/identity.py:38-40: either switch disables the start-up usage report.
-LMCACHE_TELEMETRY_ENV = {"LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1"}
-LOOPBACK = "127.0.0.1"
-
-
-@dataclass(frozen=True)
-class SidecarCommand:
-    """What to run and with which extra environment (added to the inherited one)."""
-
-    argv: tuple[str, ...]
-    env: dict[str, str]
-
-
-def lmcache_server_command(
-    program: tuple[str, ...],
-    *,
-    port: int,
-    http_port: int,
-    chunk_size: int | None,
-    separate_object_groups: bool,
-    l1_size_gb: float,
-    eviction_policy: str = "LRU",
-    shm_name: str | None = None,
-) -> SidecarCommand:
-    """`program` (e.g. `("lmcache", "server")`) followed by the chart's sidecar flags, and the telemetry opt-outs."""
-    argv = [*program, "--host", LOOPBACK, "--port", str(port)]
-    if chunk_size is not None:
-        argv += ["--chunk-size", str(chunk_size)]
-    if separate_object_groups:
-        argv.append("--separate-object-groups")
-    argv += ["--l1-size-gb", f"{l1_size_gb:g}", "--eviction-policy", eviction_policy]
-    argv += ["--http-host", LOOPBACK, "--http-port", str(http_port), "--no-run-script-api-enabled"]
-    if shm_name is not None:
-        argv += ["--shm-name", shm_name]
-    return SidecarCommand(tuple(argv), dict(LMCACHE_TELEMETRY_ENV))
+from glm53.loopback import LOCALHOST
 
 
 @contextmanager
 def serving(
-    command: SidecarCommand, http_port: int, log: Path, start_timeout: float, extra_env: dict[str, str] | None = None
+    argv: Sequence[str], env: Mapping[str, str], http_port: int, log: Path, start_timeout: float
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """Run `command` as a plain child (for benchmarks and test fixtures; the pod runs it under `glm53 supervise`),
-    wait until `/healthcheck` on `http_port` answers, and stop it (SIGTERM, then SIGKILL after 30 s) on leaving.
+    """Run `argv` with `env` added over this process's environment, wait until `/healthcheck` on `http_port`
+    answers, and stop it (SIGTERM, then SIGKILL after 30 s) on leaving.
 
     A server that exits or stays silent fails in one line naming its log, rather than leaving a caller to time out.
     """
-    health = f"http://{LOOPBACK}:{http_port}/healthcheck"
-    env = {**os.environ, **command.env, **(extra_env or {})}
+    health = f"http://{LOCALHOST}:{http_port}/healthcheck"
     with log.open("wb") as out:
-        process = subprocess.Popen(command.argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+        process = subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env})
         try:
             _wait_healthy(health, process, log, start_timeout)
             yield process

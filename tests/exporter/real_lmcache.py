@@ -17,30 +17,36 @@ Re-generate the fixture after upgrading LMCache (see fixtures/README.md):
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from glm53.sidecar import lmcache_server_command, serving
+from glm53.sidecar import serving
+
+# tests/ holds the helper shared with tests/mock; neither pytest nor `python real_lmcache.py` puts it on sys.path.
+sys.path.append(str(Path(__file__).resolve().parents[1]))
+from chart_sidecar import chart_sidecar
 
 FIXTURE = Path(__file__).parent / "fixtures" / "lmcache-metrics.prom"
 LMCACHE = Path(sys.executable).with_name("lmcache")
-CHUNK_SIZE = 1152
+# The seed's model: GLM-5.3-Flash's pod serves C = 1152 (its N at TP 4), as the chart renders it.
+PROFILE = "glm53-flash"
 PROMPT_TOKENS = 8507
 # One MLA-style group (kv_size 1) of 64-token blocks, enough blocks for the whole prompt (144 * 64 = 9216 tokens).
 KV_SHAPE = "(1,144,64,1,64):float16:2"
 START_DEADLINE_SECONDS = 60.0
 SETTLE_DEADLINE_SECONDS = 15.0
-# Without these the server and the bench send usage reports (lmcache/usage_telemetry/identity.py:31-40).
-QUIET_ENV = {"LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1", "LMCACHE_DISABLE_BANNER": "1"}
+# No start-up banner in the logs (lmcache 0.5.6 lmcache/banner.py:28,62).
+NO_BANNER = {"LMCACHE_DISABLE_BANNER": "1"}
+# The bench client's environment: without these it sends a usage report (lmcache/usage_telemetry/identity.py:31-40).
+# The server takes the chart's opt-outs with the rest of its environment.
+QUIET_ENV = {"LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1", **NO_BANNER}
 
 
 @dataclass(frozen=True)
@@ -55,12 +61,6 @@ class RealLMCache:
         return f"{self.http_url}/metrics"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def http_get(url: str) -> str:
     with urllib.request.urlopen(url, timeout=5) as response:
         return bytes(response.read()).decode()
@@ -68,20 +68,11 @@ def http_get(url: str) -> str:
 
 @contextmanager
 def running_lmcache(workdir: Path) -> Iterator[RealLMCache]:
-    """`lmcache server` with the chart's flags on free loopback ports, a unique --shm-name; stopped on exit."""
-    server = RealLMCache(_free_port(), f"http://127.0.0.1:{_free_port()}")
-    http_port = int(server.http_url.rsplit(":", 1)[1])
-    command = lmcache_server_command(
-        (str(LMCACHE), "server"),
-        port=server.port,
-        http_port=http_port,
-        chunk_size=CHUNK_SIZE,
-        separate_object_groups=False,
-        l1_size_gb=1,
-        shm_name=f"glm53-test-{os.getpid()}-{server.port}",
-    )
-    with serving(command, http_port, workdir / "lmcache-server.log", START_DEADLINE_SECONDS, QUIET_ENV):
-        yield server
+    """`lmcache server` as GLM-5.3-Flash's pod runs it (the chart's sidecar) on free loopback ports; stopped on exit."""
+    sidecar = chart_sidecar(PROFILE, workdir)
+    log = workdir / "lmcache-server.log"
+    with serving(sidecar.argv, {**sidecar.env, **NO_BANNER}, sidecar.http_port, log, START_DEADLINE_SECONDS):
+        yield RealLMCache(sidecar.port, sidecar.http_url)
 
 
 def send_one_request(server: RealLMCache) -> None:

@@ -11,15 +11,15 @@ import sys
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from glm53.pod import lmcache_program
-from glm53.sidecar import lmcache_server_command
+# tests/ holds the helper shared with tests/exporter; pytest puts only this file's directory on sys.path.
+sys.path.append(str(Path(__file__).resolve().parents[1]))
+from chart_sidecar import chart_sidecar
 
 DEADLINE = 30.0
 SERVER_DEADLINE = 90.0  # the real server is ready in 3-7 s alone, much slower on a busy 2-core machine
@@ -101,20 +101,12 @@ class Server:
 
 
 @contextmanager
-def lmcache_server(tmp_path: Path, chunk_size: int, separate_object_groups: bool) -> Iterator[Server]:
-    """The real server with the chart's flags (glm53.sidecar), healthy; stopped (and its SHM pool freed) on exit."""
-    port, http_port = free_port(), free_port()
-    command = lmcache_server_command(
-        (lmcache_program(), "server"),
-        port=port,
-        http_port=http_port,
-        chunk_size=chunk_size,
-        separate_object_groups=separate_object_groups,
-        l1_size_gb=1,
-        shm_name=f"glm53-test-{os.getpid()}-{uuid.uuid4().hex[:8]}",
-    )
-    process = Process(command.argv, tmp_path / f"lmcache-{port}.log", command.env)
-    server = Server(process, port, f"http://127.0.0.1:{http_port}")
+def lmcache_server(tmp_path: Path, profile: str) -> Iterator[Server]:
+    """The real server as `profile`'s pod runs it (the chart's sidecar, tests/chart_sidecar.py), healthy; stopped on
+    exit."""
+    sidecar = chart_sidecar(profile, tmp_path)
+    process = Process(sidecar.argv, tmp_path / f"lmcache-{sidecar.port}.log", sidecar.env)
+    server = Server(process, sidecar.port, sidecar.http_url)
     try:
         poll(lambda: http(f"{server.http_url}/healthcheck")[0] == 200, "the LMCache /healthcheck", SERVER_DEADLINE)
         yield server

@@ -1,13 +1,17 @@
-"""The engine stand-in's pure parts: the connector's vLLM-side rules, the log format, caches, the model, the API."""
+"""The engine stand-in's pure parts: the connector's vLLM-side rules, the log format, caches, the model, the API; and
+how tests run one server alone (`glm53.sidecar.serving`)."""
 
 from __future__ import annotations
 
 import logging
 import statistics
+import sys
+from pathlib import Path
 
 import pytest
 
 from glm53.errors import Glm53Error
+from glm53.loopback import free_ports
 from glm53.mock import model, openai_api
 from glm53.mock.connector import KVEventsConfig, parse_connector_config, parse_kv_events_config
 from glm53.mock.engine import Outcome, lookup_tokens, tokens_to_load
@@ -15,7 +19,7 @@ from glm53.mock.local_cache import LocalPrefixCache, block_hashes
 from glm53.mock.logs import VllmFormatter
 from glm53.mock.vllm_server import chunk_misfit, engine_groups, unified_block_size
 from glm53.profiles import get_profile
-from glm53.sidecar import lmcache_server_command
+from glm53.sidecar import serving
 from glm53.validate.prompts import document_qa_prompt
 
 FLASH_GROUPS = (1152, 1152, 1152, 1152, 1152, 0)
@@ -84,22 +88,26 @@ def test_local_cache_keys_whole_prefixes_per_salt_and_evicts_least_recently_used
     assert cache.longest_prefix(["x"]) == 0 and cache.longest_prefix(["y", "z"]) == 2
 
 
-def test_sidecar_command_is_the_charts_with_telemetry_off() -> None:
-    command = lmcache_server_command(
-        ("lmcache", "server"),
-        port=5555,
-        http_port=8080,
-        chunk_size=1152,
-        separate_object_groups=True,
-        l1_size_gb=100,
-        shm_name="pool",
+def test_serving_yields_a_healthy_server_and_stops_it(tmp_path: Path) -> None:
+    """`serving` (how tests and benchmarks run the chart's sidecar alone) waits for /healthcheck, then stops the child;
+    a static file server stands in for `lmcache server` here."""
+    (tmp_path / "healthcheck").write_text("ok")
+    (port,) = free_ports(1)
+    argv = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(tmp_path)]
+    with serving(argv, {}, port, tmp_path / "server.log", 30.0) as process:
+        assert process.poll() is None
+    assert process.returncode is not None
+
+
+def test_serving_names_a_server_that_exits_in_one_line(tmp_path: Path) -> None:
+    """The child gets `env` over this process's environment; its exit fails at once, with its last log lines."""
+    argv = [sys.executable, "-c", "import os, sys; print(os.environ['REFUSAL'], os.environ['PATH'] != ''); sys.exit(2)"]
+    env = {"REFUSAL": "lmcache server: error: unrecognized arguments: --nope"}
+    with pytest.raises(Glm53Error) as caught, serving(argv, env, free_ports(1)[0], tmp_path / "server.log", 30.0):
+        pass
+    assert caught.value.message == (
+        "lmcache server exited with 2: lmcache server: error: unrecognized arguments: --nope True"
     )
-    assert command.argv == (
-        *("lmcache", "server", "--host", "127.0.0.1", "--port", "5555", "--chunk-size", "1152"),
-        *("--separate-object-groups", "--l1-size-gb", "100", "--eviction-policy", "LRU"),
-        *("--http-host", "127.0.0.1", "--http-port", "8080", "--no-run-script-api-enabled", "--shm-name", "pool"),
-    )
-    assert command.env == {"LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1"}
 
 
 def test_usage_reports_cached_tokens_only_with_prompt_tokens_details() -> None:

@@ -43,13 +43,13 @@ LMCACHE_GEOMETRY = re.compile(
 
 @pytest.fixture(scope="module")
 def flash_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    with lmcache_server(tmp_path_factory.mktemp("flash"), 1152, separate_object_groups=True) as server:
+    with lmcache_server(tmp_path_factory.mktemp("flash"), "glm53-flash") as server:
         yield server
 
 
 @pytest.fixture(scope="module")
 def glm53_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    with lmcache_server(tmp_path_factory.mktemp("glm53"), 256, separate_object_groups=False) as server:
+    with lmcache_server(tmp_path_factory.mktemp("glm53"), "glm53") as server:
         yield server
 
 
@@ -176,11 +176,11 @@ def test_an_unreachable_server_is_one_line_within_the_connector_timeout(tmp_path
 
 def test_a_server_dying_mid_run_fails_the_request_and_stops_the_engine(tmp_path: Path) -> None:
     with (
-        lmcache_server(tmp_path, 256, separate_object_groups=False) as server,
+        lmcache_server(tmp_path, "glm53") as server,
         engine(tmp_path, GLM53_MODEL, "glm53", 8, server.port) as pair,
     ):
         complete(pair.base_url, list(range(600)), "alive")
-        server.process.stop()  # SIGTERM: the server exits and frees its SHM pool
+        server.process.stop()  # SIGTERM: the server exits
         status, reply = http(f"{pair.base_url}/v1/completions", {"prompt": list(range(600)), "max_tokens": 1})
         assert status == 500
         assert "the LMCache MP server at 'tcp://127.0.0.1:" in reply["error"]["message"]

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from validate_fakes import run_glm53
 
-from glm53.pod import PodPorts, PodSpec, running_pod, wait_ready, wait_startup_probe
+from glm53.loopback import quiet
+from glm53.pod import PodAddresses, PodOptions, render_plans, started_pod
 from glm53.profiles import get_profile
 from glm53.validate.prompts import document_qa_prompt
 
@@ -18,13 +19,10 @@ def test_validate_writes_report_json_and_plot(tmp_path: Path) -> None:
     prompt_file = tmp_path / "prompt.txt"
     prompt_file.write_text(document_qa_prompt(3000, seed=7).text, encoding="utf-8")
     json_path, plot_path = tmp_path / "report.json", tmp_path / "report.png"
-    spec = PodSpec(get_profile("glm53"), tmp_path / "pod", PodPorts.free())
-    with running_pod(spec, lambda _: None) as pod:
-        wait_startup_probe(pod, lambda _: None)
-        wait_ready(pod)
+    with started_pod(render_plans(PodOptions(get_profile("glm53"))), tmp_path / "pod", quiet) as pod:
         result = run_glm53(
             "validate",
-            *("--base-url", spec.vllm_url, "--profile", "glm53", "--runs", "8"),
+            *("--base-url", PodAddresses.of(pod.plan).vllm, "--profile", "glm53", "--runs", "8"),
             *("--prompt-file", str(prompt_file), "--json", str(json_path), "--plot", str(plot_path)),
             timeout=120,
         )

@@ -139,7 +139,7 @@ vLLM's unified block size N) at another TP size it is N where N was measured the
 {{- if .Values.mock.enabled }}{{ .Values.mock.image.pullPolicy }}{{ else }}{{ .Values.image.pullPolicy }}{{ end }}
 {{- end }}
 
-{{/* Pod-local wiring (contract shared with `glm53 pod` and the container-level pod) ----------------------------------- */}}
+{{/* Pod-local wiring (`glm53 pod` moves these ports on loopback, glm53.loopback) -------------------------------------- */}}
 
 {{- define "glm53.logDir" -}}/var/log/glm53{{- end }}
 {{- define "glm53.vllmLog" -}}{{ include "glm53.logDir" . }}/vllm.log{{- end }}
@@ -198,7 +198,8 @@ with this flag (vllm/entrypoints/common/cli_args.py, FrontendArgs.enable_prompt_
 {{/*
 `lmcache server` arguments after the program, in every mode (the mock image runs the real server too): the user's
 extraArgs first, then the chart's flags, so the parser's last-occurrence-wins rule keeps loopback binds and /run_script
-off. The same flags, in the same order, as glm53.sidecar.lmcache_server_command (the CPU pod's builder).
+off. The CPU runners run these as rendered (glm53.podplan, glm53.loopback); benchmarks/gpu_proof.py spells them for a
+GPU host without Helm, and tests/test_gpu_proof_dryrun.py holds it to this helper.
 */}}
 {{- define "glm53.lmcacheServerArgs" -}}
 {{- $l := .Values.lmcache }}

@@ -55,7 +55,9 @@ def main(argv: Sequence[str]) -> int:
     say = say_to(sys.stdout)
     with session("fleet", args.workdir, args.keep) as run:
         kv_events = args.router == "kv_aware"
-        spec = FleetSpec(get_profile(args.profile), args.replicas, args.router, run.workdir, kv_events=kv_events)
+        spec = FleetSpec(
+            get_profile(args.profile), args.replicas, args.router, run.workdir, kv_events=kv_events, chart=args.chart
+        )
         name = spec.profile.display_name
         say(f"fleet: {spec.replicas} x {name} behind vllm-router ({spec.policy}); work dir {run.workdir}")
         with running_fleet(spec, say) as fleet:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from glm53.commands.session import add_session_arguments, session
 from glm53.errors import EXIT_FAILURE, EXIT_OK
 from glm53.mock.engine import FAULTS
-from glm53.pod import PodPorts, PodSpec, run_pod, say_to
+from glm53.pod import PodOptions, render_plans, run_pod, say_to
 from glm53.profiles import DEFAULT_PROFILE, PROFILES, get_profile
 from glm53.validate.progress import Progress
 from glm53.validate.report import render_text, write_json
@@ -29,24 +29,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--profile", default=DEFAULT_PROFILE, choices=list(PROFILES), help="model profile")
     parser.add_argument("--fault", choices=FAULTS, help="inject a fault into the engine (validation must catch it)")
-    add_session_arguments(parser, "where vllm.log, lmcache.log and validation.json go (kept)")
+    add_session_arguments(
+        parser,
+        "where the pod's volumes (logs/ holds vllm.log and lmcache.log), containers/ and validation.json go (kept)",
+    )
     return parser
 
 
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(argv)
     say = say_to(sys.stdout)
+    options = PodOptions(get_profile(args.profile), args.fault, chart=args.chart)
+    plans = render_plans(options)  # before the work dir: a chart that does not render leaves nothing behind
     with session("pod", args.workdir, args.keep) as run:
-        spec = PodSpec(get_profile(args.profile), run.workdir, PodPorts.free(), args.fault)
-        fault = f", fault {spec.fault}" if spec.fault else ""
-        say(f"pod: {spec.profile.display_name} (TP {spec.tensor_parallel_size}), real LMCache 0.5.6 server{fault}")
+        profile = options.profile
+        fault = f", fault {options.fault}" if options.fault else ""
+        say(f"pod: {profile.display_name} (TP {profile.tensor_parallel_size}), real LMCache 0.5.6 server{fault}")
         say(f"pod: work dir {run.workdir}")
-        outcome = run_pod(spec, say, Progress(sys.stderr))
+        outcome = run_pod(plans, run.workdir, say, Progress(sys.stderr))
         print(render_text(outcome.report))
-        say(f"pod: exporter {spec.exporter_url} (what `curl` shows, trimmed):")
+        say(f"pod: exporter {outcome.addresses.exporter} (what `curl` shows, trimmed):")
         for line in outcome.exporter_lines:
             say(f"  {line}")
-        say(f"pod: LMCache server {spec.lmcache_url}/metrics (its own counters, summed over cache salts):")
+        say(f"pod: LMCache server {outcome.addresses.lmcache}/metrics (its own counters, summed over cache salts):")
         for line in outcome.lmcache_lines:
             say(f"  {line}")
         write_json(outcome.report, run.workdir / "validation.json")

@@ -29,7 +29,8 @@ class Session:
 
 
 def add_session_arguments(parser: argparse.ArgumentParser, workdir_help: str) -> None:
-    """`--workdir` and `--keep`, the two options `session` honours."""
+    """`--workdir` and `--keep`, the two options `session` honours, and `--chart`, the pod's definition."""
+    parser.add_argument("--chart", type=Path, help="the glm53 chart whose mock pod runs (default: this checkout's)")
     parser.add_argument("--workdir", type=Path, help=workdir_help)
     parser.add_argument("--keep", action="store_true", help="keep the temporary work dir even when validation passes")
 

@@ -1,9 +1,11 @@
-"""Read the chart's rendered pod as Docker container settings: the input of CI's container-level pod.
+"""The chart's rendered pod as a runnable plan: the one definition of what a CPU pod runs.
 
-Why: CI has a Docker engine but no Kubernetes. Running the chart's own containers — command and arguments, environment,
-security context, volumes and exec probes, read from the rendered Deployment instead of re-typed — in one shared network
-namespace tests what the chart would make a kubelet do, and a chart change reaches the test without touching it. Pure:
-rendered objects in, frozen records out; the caller makes the Docker calls.
+Why: the pod is defined once, by the chart (`charts/glm53`, mock mode on CPU). This module turns the rendered
+Deployment into frozen records (containers in the kubelet's start order, native sidecars first, each with its command
+and arguments, environment, security context, limits, volume mounts and exec probes, plus the pod's volumes), and the
+runners execute them without re-typing a flag: `glm53.loopback` as processes on 127.0.0.1 (the README's main job and
+`glm53 fleet`), the container-level pod test as Docker containers sharing one network namespace, and the kubelet itself
+on kind. Pure: rendered objects in, records out; rendering is `glm53.chart`, running is the runners'.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ _QUANTITY_SUFFIXES = {
     "E": 1e18,
 }
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|)$")
+# The chart labels every object with its component (engine, router, validation).
+COMPONENT_LABEL = "app.kubernetes.io/component"
 # Kubernetes defaults of probe timing, used when the rendered probe leaves them out.
 _PROBE_DEFAULTS = {"periodSeconds": 10, "timeoutSeconds": 1, "failureThreshold": 3}
 
@@ -65,15 +69,24 @@ class VolumeMount:
 
 @dataclass(frozen=True)
 class PodVolume:
-    """A pod volume as the container pod provides it: in memory (emptyDir medium Memory) or a fresh empty volume."""
+    """A pod volume: an emptyDir (in memory when its medium is Memory) or another source a runner may refuse."""
 
     name: str
+    empty_dir: bool
     in_memory: bool
     size_bytes: int | None
 
 
 @dataclass(frozen=True)
-class PodContainer:
+class ContainerPort:
+    """A declared container port (what a Service or a probe may target)."""
+
+    name: str
+    port: int
+
+
+@dataclass(frozen=True)
+class ContainerPlan:
     """A rendered container, as the settings a container engine needs to run it the way the kubelet would.
 
     `argv` is the rendered `command` followed by `args`. As in Kubernetes, a container without `command` keeps its
@@ -93,20 +106,51 @@ class PodContainer:
     memory_limit_bytes: int | None
     nano_cpus: int | None
     mounts: tuple[VolumeMount, ...]
+    ports: tuple[ContainerPort, ...]
     startup_probe: ExecProbe | None
     readiness_probe: ExecProbe | None
     sidecar: bool
 
+    @property
+    def served_argv(self) -> tuple[str, ...]:
+        """The server command `glm53 supervise` runs in this container (what follows its `--`), else the whole argv."""
+        if "supervise" in self.argv and "--" in self.argv[self.argv.index("supervise") :]:
+            start = self.argv.index("supervise")
+            return self.argv[self.argv.index("--", start) + 1 :]
+        return self.argv
+
+    def option(self, flag: str) -> str:
+        """The value of `flag` in the argv (its last occurrence wins, as in argparse), or an error naming the flag."""
+        indexes = [i for i, part in enumerate(self.argv[:-1]) if part == flag]
+        if not indexes:
+            raise Glm53Error(
+                f"expected {flag} in the rendered command of container {self.name!r}; check the chart's helpers",
+                EXIT_FAILURE,
+            )
+        return self.argv[indexes[-1] + 1]
+
+    def port(self, name: str) -> int:
+        """The declared container port called `name`, or an error listing the declared ones."""
+        for port in self.ports:
+            if port.name == name:
+                return port.port
+        declared = ", ".join(p.name for p in self.ports) or "none"
+        raise Glm53Error(
+            f"expected a port {name!r} on container {self.name!r}, found {declared}; check the chart", EXIT_FAILURE
+        )
+
 
 @dataclass(frozen=True)
-class RenderedPod:
+class PodPlan:
     """A rendered pod: its containers in the kubelet's start order (native sidecars first) and its volumes."""
 
     name: str
-    containers: tuple[PodContainer, ...]
+    containers: tuple[ContainerPlan, ...]
     volumes: tuple[PodVolume, ...]
+    # terminationGracePeriodSeconds: how long a stop waits between SIGTERM and SIGKILL (Kubernetes' default is 30).
+    grace_period_s: float = 30.0
 
-    def container(self, name: str) -> PodContainer:
+    def container(self, name: str) -> ContainerPlan:
         """The container called `name`, or an error listing the ones the pod has."""
         for container in self.containers:
             if container.name == name:
@@ -149,7 +193,7 @@ def _env(container: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
         if "value" not in entry:
             raise Glm53Error(
                 f"expected literal env values in container {container['name']!r}, found {entry['name']} from "
-                f"{', '.join(sorted(set(entry) - {'name'}))}; the container pod supports `value` entries only",
+                f"{', '.join(sorted(set(entry) - {'name'}))}; a pod plan holds `value` entries only",
                 EXIT_FAILURE,
             )
         pairs.append((str(entry["name"]), str(entry["value"])))
@@ -163,10 +207,10 @@ def _user(security: Mapping[str, Any]) -> str | None:
     return f"{security['runAsUser']}:{group}" if group is not None else str(security["runAsUser"])
 
 
-def _container(spec: Mapping[str, Any], pod_security: Mapping[str, Any], sidecar: bool) -> PodContainer:
+def _container(spec: Mapping[str, Any], pod_security: Mapping[str, Any], sidecar: bool) -> ContainerPlan:
     security = {**pod_security, **spec.get("securityContext", {})}
     limits = spec.get("resources", {}).get("limits", {})
-    return PodContainer(
+    return ContainerPlan(
         name=str(spec["name"]),
         image=str(spec["image"]),
         argv=tuple(str(part) for part in [*spec.get("command", []), *spec.get("args", [])]),
@@ -182,6 +226,9 @@ def _container(spec: Mapping[str, Any], pod_security: Mapping[str, Any], sidecar
             VolumeMount(volume=str(m["name"]), path=str(m["mountPath"]), read_only=bool(m.get("readOnly", False)))
             for m in spec.get("volumeMounts", [])
         ),
+        ports=tuple(
+            ContainerPort(name=str(p.get("name", "")), port=int(p["containerPort"])) for p in spec.get("ports", [])
+        ),
         startup_probe=_exec_probe(spec.get("startupProbe")),
         readiness_probe=_exec_probe(spec.get("readinessProbe")),
         sidecar=sidecar,
@@ -193,14 +240,17 @@ def _volume(spec: Mapping[str, Any]) -> PodVolume:
     in_memory = empty_dir is not None and empty_dir.get("medium") == "Memory"
     size = empty_dir.get("sizeLimit") if empty_dir is not None else None
     return PodVolume(
-        name=str(spec["name"]), in_memory=in_memory, size_bytes=int(parse_quantity(size)) if size else None
+        name=str(spec["name"]),
+        empty_dir=empty_dir is not None,
+        in_memory=in_memory,
+        size_bytes=int(parse_quantity(size)) if size else None,
     )
 
 
-def pod_from_spec(name: str, pod_spec: Mapping[str, Any]) -> RenderedPod:
+def pod_from_spec(name: str, pod_spec: Mapping[str, Any]) -> PodPlan:
     """The pod described by a PodSpec: native sidecars (init containers with restartPolicy Always) start first.
 
-    Plain init containers (run-to-completion) are refused: the container pod would have to wait for them, and the chart
+    Plain init containers (run-to-completion) are refused: the runners would have to wait for them, and the chart
     has none.
     """
     pod_security = {
@@ -211,33 +261,34 @@ def pod_from_spec(name: str, pod_spec: Mapping[str, Any]) -> RenderedPod:
     if plain_init:
         raise Glm53Error(
             f"expected only native sidecars among the init containers of {name!r}, found run-to-completion "
-            f"{', '.join(plain_init)}; the container pod does not run those",
+            f"{', '.join(plain_init)}; the pod plan does not run those",
             EXIT_FAILURE,
         )
     containers = [_container(c, pod_security, sidecar=True) for c in init]
     containers += [_container(c, pod_security, sidecar=False) for c in pod_spec.get("containers", [])]
     volumes = tuple(_volume(v) for v in pod_spec.get("volumes", []))
-    return RenderedPod(name=name, containers=tuple(containers), volumes=volumes)
+    grace = float(pod_spec.get("terminationGracePeriodSeconds", 30))
+    return PodPlan(name=name, containers=tuple(containers), volumes=volumes, grace_period_s=grace)
 
 
-def find_object(objects: Iterable[Mapping[str, Any]], kind: str, name: str | None = None) -> Mapping[str, Any]:
-    """The one rendered object of `kind` (and `name`, when given), or an error naming what was rendered."""
-    matches = [o for o in objects if o.get("kind") == kind and (name is None or o["metadata"]["name"] == name)]
-    if len(matches) != 1:
-        wanted = f"{kind} {name}" if name else kind
+def deployment_pod(objects: Iterable[Mapping[str, Any]], component: str = "engine") -> PodPlan:
+    """The pod template of the rendered Deployment of `component`: the serving pod by default."""
+    deployments = [
+        o
+        for o in objects
+        if o.get("kind") == "Deployment" and o["metadata"].get("labels", {}).get(COMPONENT_LABEL) == component
+    ]
+    if len(deployments) != 1:
         raise Glm53Error(
-            f"expected exactly one {wanted} in the rendered chart, found {len(matches)}; check the values", EXIT_FAILURE
+            f"expected exactly one Deployment of component {component!r} in the rendered chart, found "
+            f"{len(deployments)}; check the values",
+            EXIT_FAILURE,
         )
-    return matches[0]
-
-
-def deployment_pod(objects: Iterable[Mapping[str, Any]]) -> RenderedPod:
-    """The serving pod of the rendered chart (its one Deployment's pod template)."""
-    deployment = find_object(objects, "Deployment")
+    deployment = deployments[0]
     return pod_from_spec(str(deployment["metadata"]["name"]), deployment["spec"]["template"]["spec"])
 
 
-def helm_test_pods(objects: Iterable[Mapping[str, Any]]) -> tuple[RenderedPod, ...]:
+def helm_test_pods(objects: Iterable[Mapping[str, Any]]) -> tuple[PodPlan, ...]:
     """The rendered `helm test` pods (annotation helm.sh/hook: test), in render order."""
     return tuple(
         pod_from_spec(str(o["metadata"]["name"]), o["spec"])
