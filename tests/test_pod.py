@@ -24,9 +24,8 @@ from pathlib import Path
 import pytest
 
 from glm53.errors import Glm53Error
-from glm53.loopback import RunningPod, free_ports, quiet, relocation_for, running_pod
+from glm53.loopback import EXIT_NOT_READY, RunningPod, free_ports, quiet, relocation_for, running_pod
 from glm53.pod import (
-    EXIT_NOT_READY,
     PodAddresses,
     PodOptions,
     exporter_highlights,

@@ -33,7 +33,6 @@ from glm53.validate.progress import Progress
 from glm53.validate.report import ValidationReport
 from glm53.validate.runner import ValidationConfig, run_validation
 
-EXIT_NOT_READY = 3  # the pod never became Ready: a server died or the startup probe refused (kubelet: restart)
 # The containers of the chart's pod, and the ports they declare.
 ENGINE, SIDECAR, EXPORTER = "vllm", "lmcache", "exporter"
 # The exporter series the main job shows: the geometry facts and whether the cache pays off.
