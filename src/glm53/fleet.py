@@ -26,11 +26,20 @@ from typing import Any
 
 from glm53.errors import EXIT_FAILURE, Glm53Error
 from glm53.loopback import LOCALHOST, ContainerProcess, RunningPod, free_ports, running_pod, stop_all
-from glm53.pod import ENGINE, HTTP_DEADLINE_S, PodAddresses, PodOptions, PodPlans, render_plans, wait_pod_ready
+from glm53.pod import (
+    ENGINE,
+    HTTP_DEADLINE_S,
+    PodAddresses,
+    PodOptions,
+    PodPlans,
+    render_plans,
+    validation_config,
+    wait_pod_ready,
+)
 from glm53.profiles import ModelProfile
 from glm53.validate.progress import Progress
 from glm53.validate.report import ValidationReport
-from glm53.validate.runner import ValidationConfig, run_validation
+from glm53.validate.runner import run_validation
 
 # vllm_router/router_args.py:160-173 (`--policy` choices) that work with static loopback workers. kv_aware also needs
 # every engine to publish KV events (`FleetSpec.kv_events`).
@@ -83,6 +92,11 @@ class FleetSpec:
         if self.replicas < 1:
             raise Glm53Error(f"--replicas must be at least 1, got {self.replicas}")
         check_policy(self.policy, self.kv_events)
+
+    @functools.cached_property
+    def plans(self) -> PodPlans:
+        """The chart's rendered replica pod and its `helm test` pod, rendered once per spec."""
+        return render_plans(self.pod_options())
 
     def pod_options(self) -> PodOptions:
         """The chart install of one replica: the router on (kv_aware when the engines publish KV events)."""
@@ -160,7 +174,11 @@ class RunningFleet:
     policy: str
     pods: list[RunningPod]
     router: ContainerProcess
-    url: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOCALHOST}:{self.port}"
 
     def healthy(self) -> list[str]:
         with urllib.request.urlopen(f"{self.url}/workers", timeout=5.0) as response:
@@ -173,7 +191,7 @@ class RunningFleet:
 @contextlib.contextmanager
 def running_replicas(spec: FleetSpec, say: Callable[[str], None]) -> Iterator[list[RunningPod]]:
     """Start every replica of the rendered pod, then wait until each is Ready; on leaving, stop them all."""
-    plans: PodPlans = render_plans(spec.pod_options())
+    plans = spec.plans
     spec.workdir.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         pods: list[RunningPod] = []
@@ -201,7 +219,7 @@ def running_router(
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1"}
     router = ContainerProcess("router", command, env, spec.workdir / f"router-{policy}.log")
     try:
-        fleet = RunningFleet(spec, policy, pods, router, f"http://{LOCALHOST}:{port}")
+        fleet = RunningFleet(spec, policy, pods, router, port)
         live = sorted(replica_url(pod) for pod in pods if all(p.process.poll() is None for p in pod.processes))
         deadline = time.monotonic() + HTTP_DEADLINE_S
         while not _healthy_are(fleet, live):
@@ -235,8 +253,12 @@ def _healthy_are(fleet: RunningFleet, urls: list[str]) -> bool:
 
 def validate_fleet(fleet: RunningFleet, progress: Progress) -> ValidationReport:
     """`glm53 validate` through the router: equivalence and boundary, as a client of the fleet would see them."""
-    profile = fleet.spec.profile
-    config = ValidationConfig(fleet.url, profile, checks=FLEET_CHECKS, chunk_size=profile.recommended_chunk_size)
+    test_pod = fleet.spec.plans.test
+    if test_pod is None:
+        raise Glm53Error("the rendered chart has no `helm test` pod to validate the fleet with", EXIT_FAILURE)
+    # The test pod's own command, aimed at the router (the Service it would reach) instead of an engine.
+    config = validation_config(test_pod, fleet.port)
+    config = dataclasses.replace(config, checks=FLEET_CHECKS)
     try:
         return run_validation(config, progress)
     except Glm53Error as error:
