@@ -45,10 +45,10 @@ from glm53.validate.runner import run_validation
 # every engine to publish KV events (`FleetSpec.kv_events`).
 POLICIES = ("cache_aware", "round_robin", "power_of_two", "random", "consistent_hash", "kv_aware")
 DEFAULT_POLICY = "cache_aware"
-# Prefix-affine policies send a prompt's cold and cached runs to the same pod; validation needs that, because every
-# pod has its own LMCache server and the cached run must find what the cold run stored.
 # How long the router may take to stop after SIGTERM before it is killed.
 GRACE_SECONDS = 15.0
+# Prefix-affine policies send a prompt's cold and cached runs to the same pod; validation needs that, because every
+# pod has its own LMCache server and the cached run must find what the cold run stored.
 PREFIX_AFFINE = ("cache_aware", "consistent_hash", "kv_aware")
 # Validation through the router: the seed's equivalence and boundary checks (perf is a single-pod study).
 FLEET_CHECKS = ("equivalence", "boundary")
@@ -117,7 +117,12 @@ def check_policy(policy: str, kv_events: bool) -> None:
 
 
 def kv_events_port(pod: RunningPod) -> int:
-    """The port of a replica's KV-event publisher: the `tcp://*:P` endpoint of its engine's `--kv-events-config`."""
+    """The port of a replica's KV-event publisher: the `tcp://*:P` endpoint of its engine's `--kv-events-config`.
+
+    The chart renders a wildcard endpoint because vLLM binds only wildcard, `::` and ipc/inproc endpoints and connects
+    to any other (vllm/distributed/kv_events.py:461-467), and vllm-router 0.1.17 accepts only `tcp://HOST:PORT`
+    sources; so on loopback the publisher listens on every interface, which is why kv_aware is opt-in here.
+    """
     config = json.loads(pod.plan.container(ENGINE).option("--kv-events-config"))
     return int(str(config["endpoint"]).rsplit(":", 1)[1])
 
