@@ -498,6 +498,15 @@ def sync(torch: Any, device: Any) -> None:
         torch.cuda.synchronize(device)
 
 
+def timed_transfer(torch: Any, device: Any, reg: Registered, submit: Callable[[Any], Any]) -> tuple[Any, float]:
+    """One store or retrieve, submitted with a fresh producer event: its reply and its seconds, submit to done."""
+    event = reg.context.create_recorded_event()
+    started = time.perf_counter()
+    reply = wait(submit(event), event)
+    sync(torch, device)  # result() already waited for the server's completion event; this only drains our stream
+    return reply, time.perf_counter() - started
+
+
 def one_request(
     torch: Any, req_client: Any, reg: Registered, case: Case, settings: Settings, seq: int
 ) -> dict[str, Any]:
@@ -530,10 +539,11 @@ def one_request(
     sync(torch, device)
 
     store_id, retrieve_id = f"store-{case.name}-{seq}", f"retrieve-{case.name}-{seq}"
-    event = reg.context.create_recorded_event()
-    started = time.perf_counter()
-    stored = wait(
-        reg.context.submit_store(
+    stored, store_s = timed_transfer(
+        torch,
+        device,
+        reg,
+        lambda event: reg.context.submit_store(
             store_id,
             key(store_id, 0),
             reg.kv_caches,
@@ -541,10 +551,7 @@ def one_request(
             event,
             blocks_in_chunk,
         ),
-        event,
     )
-    sync(torch, device)  # result() already waited for the server's completion event; this only drains our stream
-    store_s = time.perf_counter() - started
     req_client.end_session(store_id).result(timeout=RPC_TIMEOUT_SECONDS)
 
     # The reply comes when the copy is done; the server commits the objects to L1 from a stream callback just after
@@ -563,10 +570,11 @@ def one_request(
     visible_s = time.perf_counter() - visible_after
     retrieve_id = lookup_id  # the retrieve releases the read locks this lookup took, in its session
 
-    event = reg.context.create_recorded_event()
-    started = time.perf_counter()
-    retrieved = wait(
-        reg.context.submit_retrieve(
+    retrieved, retrieve_s = timed_transfer(
+        torch,
+        device,
+        reg,
+        lambda event: reg.context.submit_retrieve(
             retrieve_id,
             key(retrieve_id, 0),
             reg.kv_caches,
@@ -575,10 +583,7 @@ def one_request(
             blocks_in_chunk,
             skip_first_n_tokens=0,
         ),
-        event,
     )
-    sync(torch, device)
-    retrieve_s = time.perf_counter() - started
     req_client.end_session(retrieve_id).result(timeout=RPC_TIMEOUT_SECONDS)
     return {
         "store_reply": repr(stored)[:200],

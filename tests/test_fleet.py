@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_pod import assert_no_process_left, marked_processes, marker  # noqa: F401  (marker is a fixture)
+from test_pod import assert_no_process_left, interrupted, marker  # noqa: F401  (marker is a fixture)
 from vllm_router.launch_router import parse_router_args
 
 from glm53.errors import Glm53Error
@@ -163,22 +163,8 @@ def test_fleet_validates_through_the_router_and_survives_a_dead_replica(tmp_path
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_interrupted_fleet_leaves_no_process(signum: int, tmp_path: Path, marker: str) -> None:  # noqa: F811
-    fleet = subprocess.Popen(
-        [sys.executable, "-m", "glm53", "fleet", "--replicas", "2", "--workdir", str(tmp_path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        stdin=subprocess.DEVNULL,
-    )
-    assert fleet.stdout is not None
-    seen = []
-    for line in fleet.stdout:  # wait until the router runs over both replicas
-        seen.append(line)
-        if line.startswith("fleet: vllm-router (cache_aware) at "):
-            break
-    assert len(marked_processes(marker)) >= 7, f"the fleet started too little; output: {seen}"
-    fleet.send_signal(signum)
-    _, stderr = fleet.communicate(timeout=60)
-    assert fleet.returncode == 130, stderr
+    command = [sys.executable, "-m", "glm53", "fleet", "--replicas", "2", "--workdir", str(tmp_path)]
+    # Wait until the router runs over both replicas: 2 x (sidecar, engine, exporter, supervisors...) and the router.
+    stderr = interrupted(command, "fleet: vllm-router (cache_aware) at ", signum, marker, 7)
     assert "glm53 fleet: interrupted" in stderr.splitlines()
     assert "Traceback" not in stderr

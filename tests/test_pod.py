@@ -203,25 +203,29 @@ def test_recovery_mismatch_fault_fails_with_a_strict_prefix_violation(tmp_path: 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM])  # SIGINT takes the same path (both raise KeyboardInterrupt)
 def test_interrupted_pod_leaves_no_process(signum: int, tmp_path: Path, marker: str) -> None:
-    pod = subprocess.Popen(
-        glm53_pod("--workdir", str(tmp_path)),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        stdin=subprocess.DEVNULL,
-    )
-    assert pod.stdout is not None
-    seen = []
-    for line in pod.stdout:  # wait until both servers run and validation has begun
-        seen.append(line)
-        if line.startswith("pod: vLLM ready at "):
-            break
-    assert marked_processes(marker), f"the pod started nothing; output: {seen}"
-    pod.send_signal(signum)
-    _, stderr = pod.communicate(timeout=60)
-    assert pod.returncode == 130, stderr
+    # Wait until both servers run and validation has begun.
+    stderr = interrupted(glm53_pod("--workdir", str(tmp_path)), "pod: vLLM ready at ", signum, marker, 1)
     assert "glm53 pod: interrupted" in stderr.splitlines()
     assert "Traceback" not in stderr
+
+
+def interrupted(command: list[str], ready: str, signum: int, marker: str, at_least: int) -> str:
+    """Run `command` until it prints a line starting with `ready`, check that `at_least` marked processes run, send
+    `signum`; its stderr, once it has exited 130 (the interrupt's exit status)."""
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL
+    )
+    assert process.stdout is not None
+    seen = []
+    for line in process.stdout:
+        seen.append(line)
+        if line.startswith(ready):
+            break
+    assert len(marked_processes(marker)) >= at_least, f"{' '.join(command[2:4])} started too little; output: {seen}"
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    return stderr
 
 
 def with_chunk_size(container: ContainerPlan, chunk_size: int) -> ContainerPlan:

@@ -14,12 +14,11 @@ server's own `/metrics` (on its HTTP port) are read, as an operator would `curl`
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -178,9 +177,8 @@ def validation_config(test_pod: PodPlan, engine_port: int) -> ValidationConfig:
         args = build_parser().parse_args(argv[2:])  # after `glm53 validate`
     except SystemExit:
         raise Glm53Error(f"the chart's test pod command does not parse: {list(argv)}", EXIT_FAILURE) from None
-    return config_from_args(
-        argparse.Namespace(**{**vars(args), "base_url": service_url_on_loopback(args.base_url, engine_port)})
-    )
+    config = config_from_args(args)
+    return replace(config, base_url=service_url_on_loopback(config.base_url, engine_port))
 
 
 def say_to(stream: TextIO) -> Callable[[str], None]:
