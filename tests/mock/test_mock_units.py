@@ -4,6 +4,7 @@ how tests run one server alone (`glm53.sidecar.serving`)."""
 from __future__ import annotations
 
 import logging
+import signal
 import statistics
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from glm53.mock.connector import KVEventsConfig, parse_connector_config, parse_k
 from glm53.mock.engine import Outcome, lookup_tokens, tokens_to_load
 from glm53.mock.local_cache import LocalPrefixCache, block_hashes
 from glm53.mock.logs import VllmFormatter
+from glm53.mock.runtime import stop_on_signals
 from glm53.mock.vllm_server import chunk_misfit, engine_groups, unified_block_size
 from glm53.profiles import get_profile
 from glm53.sidecar import serving
@@ -211,3 +213,28 @@ def test_kv_events_config_follows_vllms_defaults() -> None:
     assert parse_kv_events_config('{"enable_kv_cache_events":true,"publisher":"null"}') is None
     with pytest.raises(Glm53Error, match="publisher must be 'zmq' or 'null', got 'kafka'"):
         parse_kv_events_config('{"enable_kv_cache_events":true,"publisher":"kafka"}')
+
+
+def test_a_second_stop_signal_inside_the_first_does_not_set_the_event_again() -> None:
+    """SIGTERM to the process group and SIGTERM forwarded by `glm53 supervise` arrive together; a handler run inside the
+    first one's `Event.set()` must not set it again (that re-enters the event's lock and hangs until SIGKILL)."""
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        stop = stop_on_signals()
+        handler = signal.getsignal(signal.SIGTERM)
+        assert callable(handler)
+        setting = stop.set
+        sets = []
+
+        def set_interrupted_by_the_second_signal() -> None:
+            sets.append("set")
+            if len(sets) == 1:
+                handler(signal.SIGTERM, None)
+            setting()
+
+        stop.set = set_interrupted_by_the_second_signal  # type: ignore[method-assign]
+        handler(signal.SIGTERM, None)
+        assert stop.is_set() and sets == ["set"]
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

@@ -67,11 +67,20 @@ def serving_on_loopback(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
 
 
 def stop_on_signals() -> threading.Event:
-    """An event set by the first SIGTERM or SIGINT; the servers poll it instead of dying mid-write."""
+    """An event set by the first SIGTERM or SIGINT; the servers poll it instead of dying mid-write.
+
+    A pod's stop often delivers SIGTERM twice: to the whole process group, and again forwarded by `glm53 supervise`.
+    Python runs a handler between bytecodes of the main thread, so the second can interrupt the first inside
+    `Event.set()`, which holds the event's non-reentrant lock: setting it again there deadlocks, and the kubelet (or
+    the loopback runner) then SIGKILLs the process after its grace period, leaving its SHM segments behind. Only the
+    first signal sets the event; a non-blocking acquire is safe inside a handler.
+    """
     stop = threading.Event()
+    first = threading.Lock()
 
     def handler(_signum: int, _frame: FrameType | None) -> None:
-        stop.set()
+        if first.acquire(blocking=False):
+            stop.set()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, handler)
