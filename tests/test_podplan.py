@@ -58,14 +58,18 @@ def test_mock_pod_reads_sidecar_first_with_the_security_context(mock_pod: PodPla
     assert sidecar.served_argv[:2] == ("lmcache", "server")
 
 
-def test_run_to_completion_init_container_is_refused() -> None:
-    spec = {"initContainers": [{"name": "fetch", "image": "x"}], "containers": []}
-    with pytest.raises(Glm53Error) as error:
-        pod_from_spec("p", spec)
-    assert error.value.message == (
-        "expected only native sidecars among the init containers of 'p', found run-to-completion fetch; "
-        "the pod plan does not run those"
-    )
+def test_init_containers_keep_their_order_and_kind() -> None:
+    """A plain init container runs to completion before the native sidecar after it, as the kubelet orders them."""
+    spec = {
+        "initContainers": [{"name": "fetch", "image": "x"}, {"name": "side", "image": "x", "restartPolicy": "Always"}],
+        "containers": [{"name": "main", "image": "x"}],
+    }
+    plan = pod_from_spec("p", spec)
+    assert [(c.name, c.init, c.sidecar) for c in plan.containers] == [
+        ("fetch", True, False),
+        ("side", False, True),
+        ("main", False, False),
+    ]
 
 
 def test_env_from_a_secret_is_refused() -> None:

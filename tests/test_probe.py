@@ -522,7 +522,7 @@ def test_cli_absurd_numbers_are_not_trusted(tmp_path: Path) -> None:
     [
         (
             ("--profile", "glm6", "--log", "x.log"),
-            "glm53 probe: error: unknown profile 'glm6'; expected one of: glm53-flash, glm53",
+            "glm53 probe: error: unknown profile 'glm6'; expected one of: glm53-flash, glm53, tiny-dense, tiny-hybrid",
         ),
         (
             ("--profile", "glm53", "--chunk-size", "0", "--log", "x.log"),

@@ -72,7 +72,8 @@ def test_table_lists_every_profile() -> None:
 def test_unknown_profile_is_one_line_exit_2() -> None:
     result = run_profiles("glm6")
     assert result.returncode == 2
-    assert result.stderr == "glm53 profiles: error: unknown profile 'glm6'; expected one of: glm53-flash, glm53\n"
+    known = "glm53-flash, glm53, tiny-dense, tiny-hybrid"
+    assert result.stderr == f"glm53 profiles: error: unknown profile 'glm6'; expected one of: {known}\n"
 
 
 def test_expected_groups_needs_n_for_a_hybrid() -> None:

@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "pod": ("glm53.commands.pod", "run the CPU-mock pod on this machine and validate it (the README's main job)"),
     "fleet": ("glm53.commands.fleet", "run N CPU-mock pods behind the real vllm-router and validate through it"),
     "exporter": ("glm53.commands.exporter", "Prometheus exporter joining log facts with vLLM and LMCache metrics"),
+    "tiny-model": ("glm53.commands.tiny_model", "make a tiny CPU test model for the real vLLM engine (no download)"),
     "kind-smoke": ("glm53.commands.kind_smoke", "kind-cluster smoke test of the chart in CPU-mock mode"),
 }
 

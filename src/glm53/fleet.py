@@ -79,7 +79,8 @@ class FleetSpec:
     replicas: int
     policy: str
     workdir: Path
-    # Per-replica local prefix-cache capacity in blocks (the stand-in's --num-gpu-blocks-override); None: its default.
+    # Per-replica local prefix-cache capacity in blocks (--num-gpu-blocks-override, the stand-in's as vLLM's); None:
+    # the engine's default.
     local_cache_blocks: int | None = None
     # Per-replica LMCache L1 in GiB (the chart's mock.l1SizeGb); None: the chart's.
     lmcache_l1_gb: float | None = None
@@ -87,6 +88,8 @@ class FleetSpec:
     kv_events: bool = False
     health: RouterHealth = dataclasses.field(default_factory=RouterHealth)
     chart: Path | None = None
+    # The engine of every replica (the chart's mock.engine): the stand-in, or the real one on the tiny profiles.
+    engine: str = "standin"
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -106,7 +109,7 @@ class FleetSpec:
             mock["vllmExtraArgs"] = ["--num-gpu-blocks-override", str(self.local_cache_blocks)]
         if self.lmcache_l1_gb is not None:
             mock["l1SizeGb"] = self.lmcache_l1_gb
-        return PodOptions(self.profile, chart=self.chart, values={"router": router, "mock": mock})
+        return PodOptions(self.profile, self.engine, chart=self.chart, values={"router": router, "mock": mock})
 
 
 def check_policy(policy: str, kv_events: bool) -> None:

@@ -58,6 +58,20 @@ class NegotiatedChunk:
 
 
 @dataclass(frozen=True)
+class ServerChunkSize:
+    """LMCache server: `TokenHasher initialized: chunk_size=C, hash_algorithm=H`, the chunk size it really hashes with.
+
+    lmcache 0.5.6 lmcache/v1/multiprocess/token_hasher.py:67 logs it in `TokenHasher.__init__`, which the server's
+    `MPCacheServerContext` runs once at start with its `--chunk-size` (v1/multiprocess/server.py:469,
+    engine_context.py:219-221). The connector builds one too when KV events are on, with the size it asked the server
+    for (integration/vllm/vllm_multi_process_adapter.py:1461-1473), so in either log the number is the server's.
+    """
+
+    chunk_size: int
+    origin: LineOrigin
+
+
+@dataclass(frozen=True)
 class ResolvedGeometry:
     """Connector: `Resolved LMCache MP geometry: group_tokens_per_block=[...], scheduler_block_size=S, ...`.
 
@@ -131,6 +145,7 @@ class MalformedLine:
 Record = (
     AttentionBlockSize
     | NegotiatedChunk
+    | ServerChunkSize
     | ResolvedGeometry
     | ChunkSizeRejected
     | ServerUnreachable
@@ -161,6 +176,11 @@ _NEGOTIATED = re.compile(
     r"required_alignment=(?P<align>[^)\s]+)\)"
 )
 _NEGOTIATED_HINT = "Negotiated LMCache MP chunk size"
+
+# lmcache 0.5.6 lmcache/v1/multiprocess/token_hasher.py:67-71 (`TokenHasher.__init__`):
+# "TokenHasher initialized: chunk_size=%d, hash_algorithm=%s".
+_SERVER_CHUNK = re.compile(r"TokenHasher initialized: chunk_size=(?P<chunk>[^,\s]+)")
+_SERVER_CHUNK_HINT = "TokenHasher initialized"
 
 _GEOMETRY = re.compile(
     r"Resolved LMCache MP geometry: group_tokens_per_block=\[(?P<groups>[^\]]*)\]"
@@ -252,6 +272,14 @@ def _parse_negotiated(line: str, origin: LineOrigin) -> Record:
     return NegotiatedChunk(resolved, configured_min, alignment, origin)
 
 
+def _parse_server_chunk(line: str, origin: LineOrigin) -> Record:
+    match = _SERVER_CHUNK.search(line)
+    chunk = _sane_int(match.group("chunk")) if match else None
+    if not chunk:  # absent, garbled, absurd or 0: no chunk size a server could run with
+        return MalformedLine("server chunk size", line.strip(), origin)
+    return ServerChunkSize(chunk, origin)
+
+
 def _parse_block_size(line: str, origin: LineOrigin) -> Record:
     match = _BLOCK_SIZE.search(line)
     tokens = _sane_int(match.group("n")) if match else None
@@ -283,6 +311,8 @@ def _fact(line: str) -> Record | None:
         return _parse_geometry(line, parse_origin(line))
     if _NEGOTIATED_HINT in line:
         return _parse_negotiated(line, parse_origin(line))
+    if _SERVER_CHUNK_HINT in line:
+        return _parse_server_chunk(line, parse_origin(line))
     if _BLOCK_SIZE_HINT in line:
         return _parse_block_size(line, parse_origin(line))
     if "must be a" in line and any(hint in line for hint in _CHUNK_REJECTED_HINTS):

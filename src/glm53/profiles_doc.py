@@ -38,7 +38,9 @@ HEADER = (
 
 def _row(p: ModelProfile) -> str:
     model = f"`{p.model_id}` | `{p.name}` | `{p.architecture}`, {p.num_layers} layers"
-    return f"| {model} | {p.gpus} (TP {p.tensor_parallel_size}) | {_groups_cell(p)} | {_chunk_cell(p)} |"
+    # A tiny CPU test model runs on the real engine's CPU backend, not on GPUs.
+    where = "CPU test model" if p.tiny_model else f"{p.gpus}"
+    return f"| {model} | {where} (TP {p.tensor_parallel_size}) | {_groups_cell(p)} | {_chunk_cell(p)} |"
 
 
 def markdown_table() -> str:

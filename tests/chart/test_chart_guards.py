@@ -14,7 +14,13 @@ from chartkit import RenderError, render, render_cli
 GUARDS: dict[str, tuple[dict[str, Any], str]] = {
     "unknown profile": (
         {"profile": "glm52"},
-        'profile "glm52" is unknown; set profile to one of: glm53, glm53-flash',
+        'profile "glm52" is unknown; set profile to one of: glm53, glm53-flash, tiny-dense, tiny-hybrid',
+    ),
+    "real cpu engine on a glm profile": (
+        {"mock": {"enabled": True, "engine": "vllm"}, "weights": {"source": "none"}},
+        "mock.engine=vllm with profile glm53-flash: the real CPU engine serves only the tiny CPU test profiles "
+        "(tiny-dense, tiny-hybrid); GLM weights and their geometry need H200s, so set mock.engine=standin for "
+        "glm53-flash",
     ),
     "gpus != tp": (
         {"vllm": {"gpus": 8}},

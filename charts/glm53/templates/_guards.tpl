@@ -139,6 +139,9 @@ flags into positionals). Call with (dict "key" VALUES-PATH "args" LIST "owned" O
 {{- fail "monitoring.prometheusRule.enabled=true needs monitoring.prometheusRule.runbookBaseUrl: set it to the absolute URL where docs/runbook.md is published (alert receivers cannot open a path inside this repository)" }}
 {{- end }}
 
+{{- if and (include "glm53.realCpuEngine" .) (not (include "glm53.profile" . | fromJson).tinyModel) }}
+{{- fail (printf "mock.engine=vllm with profile %s: the real CPU engine serves only the tiny CPU test profiles (tiny-dense, tiny-hybrid); GLM weights and their geometry need H200s, so set mock.engine=standin for %s" .Values.profile .Values.profile) }}
+{{- end }}
 {{- if and .Values.mock.enabled (not $l.enabled) }}
 {{- fail "mock.enabled=true with lmcache.enabled=false: the mock emulates the pod with its LMCache sidecar only; set lmcache.enabled=true, or mock.enabled=false" }}
 {{- end }}

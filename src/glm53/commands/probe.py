@@ -23,7 +23,7 @@ from glm53.errors import Glm53Error
 from glm53.logparse import parse_lines
 from glm53.logtail import LogFollower, TailPosition
 from glm53.probe import StartupFacts, Status, Verdict, evaluate
-from glm53.profiles import LMCACHE_DEFAULT_CHUNK_SIZE, PROFILES, get_profile
+from glm53.profiles import PROFILES, get_profile
 
 # Read a backlog in batches of this many bytes so memory stays flat on a multi-gigabyte first scan; the state is saved
 # after each batch.
@@ -48,7 +48,8 @@ def _build_parser() -> argparse.ArgumentParser:
     startup.add_argument(
         "--chunk-size",
         metavar="C",
-        help=f"the LMCache server's configured --chunk-size (default {LMCACHE_DEFAULT_CHUNK_SIZE}, the server's)",
+        help="the LMCache server's configured --chunk-size; the server must log the same ('TokenHasher initialized: "
+        "chunk_size=C'), else the verdict is wrong (default: the size the server logs; not yet until it does)",
     )
     startup.add_argument(
         "--log", action="append", required=True, type=Path, metavar="FILE", help="a log to read (repeatable)"
@@ -185,7 +186,8 @@ def main(argv: Sequence[str]) -> int:
     tensor_parallel_size = _positive_option(
         args.tensor_parallel_size, "--tensor-parallel-size", profile.tensor_parallel_size
     )
-    chunk_size = _positive_option(args.chunk_size, "--chunk-size", LMCACHE_DEFAULT_CHUNK_SIZE)
+    # No default: the server logs the size it runs with, and a guessed 256 would judge a healthy 1152 pod wrong.
+    chunk_size = None if args.chunk_size is None else parse_positive(args.chunk_size, "--chunk-size")
     logs: list[Path] = args.log
     state_dir: Path = args.state_dir or logs[0].parent / ".probe"
     deadline = time.monotonic() + args.time_budget if args.time_budget > 0 else None

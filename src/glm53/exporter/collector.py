@@ -90,13 +90,21 @@ def log_families(facts: LogFacts) -> list[Metric]:
     families: list[Metric] = []
     families += _gauge(
         "glm53_configured_chunk_size_tokens",
-        "LMCache chunk size the deployment configured (--chunk-size, or the configured_min the server logged).",
+        "LMCache chunk size the deployment configured (--chunk-size, or the configured_min the server logged; without "
+        "either, the size the server logged it started with).",
         facts.configured_chunk_size,
     )
     families += _gauge(
         "glm53_effective_chunk_size_tokens",
-        "LMCache chunk size in force: the negotiated size when the server logged one, else the configured size.",
+        "LMCache chunk size in force: the negotiated size when the server logged one, else the size the server logged "
+        "it started with, else the configured size.",
         facts.effective_chunk_size,
+    )
+    families += _gauge(
+        "glm53_server_chunk_size_tokens",
+        "LMCache chunk size the server logged at start ('TokenHasher initialized: chunk_size=C'); absent until it "
+        "does. The verdict is wrong when --chunk-size says otherwise.",
+        facts.server_chunk_size,
     )
     families += _gauge(
         "glm53_required_alignment_tokens",

@@ -102,23 +102,30 @@ class LogFacts:
 
     profile: ModelProfile
     tensor_parallel_size: int
-    chunk_size_flag: int
+    chunk_size_flag: int | None
     attention_block_size: int | None
     negotiated: NegotiatedFact | None
+    server_chunk_size: int | None
     geometry: GeometryFact | None
     geometry_after_start_seconds: float | None
     verdict_status: str
     bytes_read: tuple[tuple[str, int], ...] = ()
 
     @property
-    def configured_chunk_size(self) -> int:
-        """The minimum a negotiating server logged it started from, else the exporter's --chunk-size."""
-        return self.negotiated.configured_min if self.negotiated else self.chunk_size_flag
+    def configured_chunk_size(self) -> int | None:
+        """The minimum a negotiating server logged it started from, else the exporter's --chunk-size, else the size the
+        server logged it started with; None while none is known."""
+        if self.negotiated is not None:
+            return self.negotiated.configured_min
+        return self.chunk_size_flag if self.chunk_size_flag is not None else self.server_chunk_size
 
     @property
-    def effective_chunk_size(self) -> int:
-        """The negotiated size when the server logged one (it logs only a change), else the configured size."""
-        return self.negotiated.resolved if self.negotiated else self.configured_chunk_size
+    def effective_chunk_size(self) -> int | None:
+        """The negotiated size when the server logged one (it logs only a change), else the size the server logged it
+        hashes with, else the configured size; None while none is known."""
+        if self.negotiated is not None:
+            return self.negotiated.resolved
+        return self.server_chunk_size if self.server_chunk_size is not None else self.configured_chunk_size
 
     @property
     def required_alignment(self) -> int | None:
@@ -163,8 +170,9 @@ class LogWatch:
     """Follows the given logs; each `poll()` reads what they gained and returns the facts accumulated so far."""
 
     def __init__(
-        self, paths: Sequence[Path], profile: ModelProfile, tensor_parallel_size: int, chunk_size: int
+        self, paths: Sequence[Path], profile: ModelProfile, tensor_parallel_size: int, chunk_size: int | None
     ) -> None:
+        """`chunk_size` is the exporter's --chunk-size, None when none was given: the server's logged size then."""
         self._followers = [LogFollower(path) for path in paths]
         # One StartupFacts and one clock per file, as the probe keeps them: restarts are recognised per file.
         self._facts = [StartupFacts() for _ in paths]
@@ -193,6 +201,7 @@ class LogWatch:
             # Ranks that disagree leave N unknown here; the verdict (wrong) says why.
             attention_block_size=block_sizes.pop() if len(block_sizes) == 1 else None,
             negotiated=facts.negotiated,
+            server_chunk_size=facts.server_chunk_size,
             geometry=next(iter(facts.geometries.values()), None),
             geometry_after_start_seconds=delays[0] if delays else None,
             verdict_status=verdict.status.name.lower(),

@@ -30,8 +30,9 @@ _WORDS = _split(
     "crossing froze for nine days so the freight company rerouted trucks through the mountain pass and charged an "
     "additional fee which the finance office disputed in a letter to the regional manager who promised a review"
 )
-# Token ids for exact-length prompts stay inside every GLM tokenizer's ordinary-token range.
-_TOKEN_ID_LOW, _TOKEN_ID_HIGH = 1000, 30000
+_HEAD = "Read the following audit document and answer the question at the end."
+_FACT = "Note for the auditors: the reference code of ledger seven is {answer}."
+_QUESTION = "Question: what is the reference code of ledger seven? Answer with the number only. Answer:"
 
 
 @dataclass(frozen=True)
@@ -51,9 +52,9 @@ def document_qa_prompt(tokens: int = DEFAULT_DOCUMENT_TOKENS, seed: int = 0) -> 
     """A deterministic document of exactly `tokens` words with one planted fact and a question about it at the end."""
     rng = random.Random(seed)
     answer = str(rng.randrange(1000, 10000))
-    head = _split("Read the following audit document and answer the question at the end.")
-    fact = _split(f"Note for the auditors: the reference code of ledger seven is {answer}.")
-    question = _split("Question: what is the reference code of ledger seven? Answer with the number only. Answer:")
+    head = _split(_HEAD)
+    fact = _split(_FACT.format(answer=answer))
+    question = _split(_QUESTION)
     filler_words = require_positive(tokens, "document length") - len(head) - len(fact) - len(question)
     if filler_words < 2:
         raise Glm53Error(f"a document-QA prompt needs at least {tokens - filler_words + 2} tokens, got {tokens}")
@@ -61,6 +62,12 @@ def document_qa_prompt(tokens: int = DEFAULT_DOCUMENT_TOKENS, seed: int = 0) -> 
     split = filler_words * 2 // 5  # the fact sits two fifths in, far from both ends of the context
     words = [*head, *filler[:split], *fact, *filler[split:], *question]
     return QaPrompt(" ".join(words), len(words), answer)
+
+
+def prompt_words() -> tuple[str, ...]:
+    """Every word the document prompts are made of (filler, instructions, fact, question), in first-use order."""
+    frame = _split(" ".join((_HEAD, _FACT.format(answer=""), _QUESTION)))
+    return tuple(dict.fromkeys(w.strip(".?:") for w in [*_WORDS, *frame]))
 
 
 def _prose(rng: random.Random, count: int) -> list[str]:
@@ -85,10 +92,11 @@ def prompt_from_file(path: Path) -> QaPrompt:
     return QaPrompt(text, len(text.split()), None)
 
 
-def token_id_prompt(length: int, seed: int) -> list[int]:
-    """Exactly `length` deterministic token ids; different seeds give different prompts from the first token on."""
+def token_id_prompt(length: int, seed: int, id_range: tuple[int, int] = (1000, 30000)) -> list[int]:
+    """Exactly `length` deterministic token ids from `id_range` (the profile's ordinary-token ids; the default is
+    inside every GLM tokenizer's); different seeds give different prompts from the first token on."""
     rng = random.Random(f"glm53-boundary-{seed}")
-    return [rng.randrange(_TOKEN_ID_LOW, _TOKEN_ID_HIGH) for _ in range(require_positive(length, "prompt length"))]
+    return [rng.randrange(*id_range) for _ in range(require_positive(length, "prompt length"))]
 
 
 def boundary_lengths(chunk_size: int) -> tuple[int, ...]:

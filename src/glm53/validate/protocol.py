@@ -218,11 +218,13 @@ class BoundaryResult:
         return not self.failures
 
 
-def check_boundary(target: Target, chunk_size: int, strict_prefix: bool) -> BoundaryResult:
+def check_boundary(
+    target: Target, chunk_size: int, strict_prefix: bool, id_range: tuple[int, int] = (1000, 30000)
+) -> BoundaryResult:
     rows = []
     lengths = boundary_lengths(chunk_size)
     for index, length in enumerate(lengths):
-        prompt = token_id_prompt(length, seed=index)
+        prompt = token_id_prompt(length, seed=index, id_range=id_range)
         salt = target.salt("boundary", length)
         target.prime(prompt, salt)
         completion, hit = target.reloaded(prompt, salt, BOUNDARY_SHAPE)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from glm53.errors import Glm53Error
 from glm53.profiles import ModelProfile
@@ -63,19 +63,23 @@ def run_validation(config: ValidationConfig, progress: Progress) -> ValidationRe
     client = VllmClient(config.base_url, config.timeout)
     progress.step(f"validate: connecting to {client.base_url}")
     target = Target.connect(client, config.model, progress)
+    # A model that cannot answer (the tiny CPU test models' random weights) has its answers left unjudged.
+    prompt = config.prompt if config.profile.answers_questions else replace(config.prompt, answer=None)
     try:
         equivalence = (
-            check_equivalence(target, config.prompt, config.runs, config.alpha, config.profile.bit_exact_outputs)
+            check_equivalence(target, prompt, config.runs, config.alpha, config.profile.bit_exact_outputs)
             if "equivalence" in config.checks
             else None
         )
         boundary = (
-            check_boundary(target, config.effective_chunk_size, config.profile.strict_prefix)
+            check_boundary(
+                target, config.effective_chunk_size, config.profile.strict_prefix, config.profile.prompt_token_ids
+            )
             if "boundary" in config.checks
             else None
         )
         perf = (
-            check_perf(target, config.prompt, config.runs, config.profile.bit_exact_outputs)
+            check_perf(target, prompt, config.runs, config.profile.bit_exact_outputs)
             if "perf" in config.checks
             else None
         )
