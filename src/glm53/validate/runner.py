@@ -12,6 +12,8 @@ from dataclasses import dataclass, field, replace
 from glm53.errors import Glm53Error
 from glm53.profiles import ModelProfile
 from glm53.validate.client import VllmClient
+from glm53.validate.continuations import DEFAULT_PAIRS, DEFAULT_TOKENS, TEMPLATES, check_continuations
+from glm53.validate.mixed import check_mixed
 from glm53.validate.progress import Progress
 from glm53.validate.prompts import QaPrompt, document_qa_prompt
 from glm53.validate.protocol import CHECKS, Target, check_boundary, check_equivalence, check_perf
@@ -31,6 +33,9 @@ class ValidationConfig:
     profile: ModelProfile
     checks: tuple[str, ...] = CHECKS
     runs: int = DEFAULT_RUNS
+    # Paired continuations (seed 004's third stage): how many pairs, and tokens per continuation.
+    pairs: int = DEFAULT_PAIRS
+    continuation_tokens: int = DEFAULT_TOKENS
     alpha: float = DEFAULT_ALPHA
     # The chunk size the LMCache server runs with; None means the profile's recommended one.
     chunk_size: int | None = None
@@ -46,6 +51,10 @@ class ValidationConfig:
                 f"--runs must be at least {MIN_RUNS} per condition (the seed protocol runs 16 + 16; fewer leave "
                 f"Welch's t-test too few degrees of freedom to tell the conditions apart), got {self.runs}"
             )
+        if self.pairs < len(TEMPLATES):
+            raise Glm53Error(f"--pairs must be at least {len(TEMPLATES)} (one per template), got {self.pairs}")
+        if self.continuation_tokens <= 0:
+            raise Glm53Error(f"--continuation-tokens must be a positive number, got {self.continuation_tokens}")
         if not 0.0 < self.alpha < 1.0:
             raise Glm53Error(f"--alpha must lie strictly between 0 and 1, got {self.alpha}")
         if self.chunk_size is not None and self.chunk_size <= 0:
@@ -83,6 +92,25 @@ def run_validation(config: ValidationConfig, progress: Progress) -> ValidationRe
             if "perf" in config.checks
             else None
         )
+        profile, chunk = config.profile, config.effective_chunk_size
+        continuations = (
+            check_continuations(
+                target,
+                chunk,
+                config.pairs,
+                config.continuation_tokens,
+                config.alpha,
+                profile.bit_exact_outputs,
+                profile.prompt_token_ids,
+            )
+            if "continuations" in config.checks
+            else None
+        )
+        mixed = (
+            check_mixed(target, chunk, config.runs, config.alpha, profile.bit_exact_outputs, profile.prompt_token_ids)
+            if "mixed" in config.checks
+            else None
+        )
     finally:
         progress.done()
     return ValidationReport(
@@ -93,4 +121,6 @@ def run_validation(config: ValidationConfig, progress: Progress) -> ValidationRe
         boundary,
         perf,
         time.perf_counter() - start,
+        continuations,
+        mixed,
     )
