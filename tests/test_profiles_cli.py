@@ -18,7 +18,8 @@ CHART_KEYS = {
     "unifiedBlockSizeByTp", "expectedGroupTokensPerBlock", "requiredAlignment", "strictPrefix", "recommendedChunkSize",
     "validatedChunkSizes", "prefixCachingRequired", "separateObjectGroupsRequired", "kvCacheDtype",
     "fp8KvCacheHopperOk", "batchInvariantOk", "bitExactOutputs", "textOnlyFlag", "servingExtras",
-    "mtpSpeculativeTokens", "mtpValidatedWithLmcache", "basis", "notes",
+    "mtpSpeculativeTokens", "mtpValidatedWithLmcache", "tinyModel", "answersQuestions", "promptTokenIds", "basis",
+    "notes",
 }  # fmt: skip
 
 

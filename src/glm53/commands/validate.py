@@ -13,6 +13,7 @@ from pathlib import Path
 
 from glm53.errors import EXIT_FAILURE, EXIT_OK, Glm53Error
 from glm53.profiles import DEFAULT_PROFILE, PROFILES, get_profile
+from glm53.validate.continuations import DEFAULT_PAIRS, DEFAULT_TOKENS
 from glm53.validate.progress import Progress
 from glm53.validate.prompts import document_qa_prompt, prompt_from_file
 from glm53.validate.protocol import CHECKS
@@ -31,13 +32,26 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="glm53 validate",
         description="Compare cold runs with runs served from LMCache (seed 000), check the strict-prefix bound at "
-        "chunk boundaries and time the reload (seed 004). vLLM must run with VLLM_SERVER_DEV_MODE=1.",
+        "chunk boundaries, time the reload, compare paired continuations token by token (seed 004) and a restore "
+        "mixing vLLM's prefix cache with LMCache (LMCache issue #4247). vLLM must run with VLLM_SERVER_DEV_MODE=1.",
     )
     parser.add_argument("--base-url", required=True, help="vLLM's OpenAI server, e.g. http://127.0.0.1:8000")
     parser.add_argument("--profile", default=DEFAULT_PROFILE, choices=list(PROFILES), help="model profile")
     parser.add_argument("--checks", default=",".join(CHECKS), help=f"comma-separated subset of {','.join(CHECKS)}")
     parser.add_argument(
         "--runs", type=int, default=DEFAULT_RUNS, help=f"requests per condition, at least {MIN_RUNS} (default 16)"
+    )
+    parser.add_argument(
+        "--pairs",
+        type=int,
+        default=DEFAULT_PAIRS,
+        help=f"paired continuations over the three templates, at least 3 (default {DEFAULT_PAIRS}, the seed's)",
+    )
+    parser.add_argument(
+        "--continuation-tokens",
+        type=int,
+        default=DEFAULT_TOKENS,
+        help=f"tokens per paired continuation (default {DEFAULT_TOKENS}, the seed's)",
     )
     parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help="significance level of Welch's t-test")
     parser.add_argument("--chunk-size", type=int, help="the LMCache chunk size in use (default: the profile's)")
@@ -64,6 +78,8 @@ def config_from_args(args: argparse.Namespace) -> ValidationConfig:
         profile=get_profile(args.profile),
         checks=parse_checks(args.checks),
         runs=args.runs,
+        pairs=args.pairs,
+        continuation_tokens=args.continuation_tokens,
         alpha=args.alpha,
         chunk_size=args.chunk_size,
         prompt=prompt_from_file(args.prompt_file) if args.prompt_file else document_qa_prompt(),
