@@ -3,13 +3,15 @@
 `ansible-lint --profile production` is the bar the roles are held to; each role's `meta/argument_specs.yml` must
 document exactly its `defaults/main.yml` (same names, same defaults), so the interface Ansible validates and the one
 users read cannot drift; and each preflight refusal is one sentence that says what was expected, what was found and
-what to do. Builds against a real engine (and the check-mode run) are in tests/docker/test_mock_image.py.
+what to do. The builder choice is read from captured `docker version` answers through a stand-in docker CLI (no
+daemon); builds against a real engine (and the check-mode run) are in tests/docker/test_mock_image.py.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -23,6 +25,10 @@ ANSIBLE_DIR = REPO_ROOT / "ansible"
 ROLES = sorted(path.name for path in (ANSIBLE_DIR / "roles").iterdir() if path.is_dir())
 PLAYBOOKS = ("build-images.yml", "deploy.yml")
 NO_DAEMON = "unix:///nonexistent/glm53/docker.sock"
+# Captured `docker version --format '{{json .}}'` answers (fixtures/docker-version/README.md says from what).
+DOCKER_VERSIONS = Path(__file__).parent / "fixtures" / "docker-version"
+DEBIAN_DOCKER_IO = DOCKER_VERSIONS / "docker.io-20.10.24.json"
+DOCKER_CLI_28 = DOCKER_VERSIONS / "docker-cli-28.2.2.json"
 
 
 def tool(name: str) -> str:
@@ -138,3 +144,123 @@ def test_deploy_refuses_an_unknown_profile() -> None:
     (message,) = failure_messages("deploy.yml", {"glm53_deploy_profile": "glm53-max"})
 
     assert "value of glm53_deploy_profile must be one of: glm53-flash, glm53, got: glm53-max" in message
+
+
+# ---- the builder choice, through a stand-in docker CLI ---------------------------------------------------------------
+
+
+def fake_docker(directory: Path, version_answer: Path, *, buildx: bool = False) -> Path:
+    """A docker CLI that answers `version` with a captured answer and `buildx version` as the plugin's presence says,
+    records each `build` with the DOCKER_BUILDKIT it ran under in `builds.log`, and runs every image successfully."""
+    script, log = directory / "docker", shlex.quote(str(directory / "builds.log"))
+    absent = "echo 'docker: unknown command: docker buildx' >&2; exit 1"
+    buildx_answer = "echo 'github.com/docker/buildx v0.17.1'" if buildx else absent
+    image_id = "sha256:" + "0" * 64
+    script.write_text(
+        "#!/bin/sh\n"
+        'case "$1" in\n'
+        f"  version) cat {shlex.quote(str(version_answer))} ;;\n"
+        f"  buildx) {buildx_answer} ;;\n"
+        "  image) echo '[]'; echo 'Error: No such image' >&2; exit 1 ;;\n"
+        f'  build) echo "DOCKER_BUILDKIT=${{DOCKER_BUILDKIT-unset}} $*" >> {log}; echo {image_id} ;;\n'
+        "  run) ;;\n"
+        '  *) echo "fake docker: unexpected $*" >&2; exit 2 ;;\n'
+        "esac\n"
+    )
+    script.chmod(0o755)
+    return script
+
+
+def serving_build_vars(docker: Path, tmp_path: Path, **extra: Any) -> dict[str, Any]:
+    """The serving image alone through `docker`, no disk check (the stand-in has no data root), report in tmp_path."""
+    return {
+        "glm53_docker_cli": str(docker),
+        "glm53_docker_check_disk": False,
+        "glm53_images": ["serving"],
+        "glm53_images_report": str(tmp_path / "report.json"),
+        **extra,
+    }
+
+
+def variant(tmp_path: Path, answer: Path, **server: str) -> Path:
+    """A captured answer with some Server fields replaced (a daemon we cannot run here)."""
+    data = json.loads(answer.read_text())
+    data["Server"].update(server)
+    changed = tmp_path / f"variant-{answer.name}"
+    changed.write_text(json.dumps(data))
+    return changed
+
+
+@pytest.mark.parametrize(
+    ("answer", "buildx", "reason"),
+    [
+        # Debian's docker.io: no buildx, yet its 20.10 CLI drives the daemon's own BuildKit (measured: RUN --mount ran).
+        (DEBIAN_DOCKER_IO, False, "built-in client"),
+        (DOCKER_CLI_28, True, "buildx plugin"),
+    ],
+    ids=["debian-docker.io-20.10", "cli-28-with-buildx"],
+)
+def test_the_serving_image_builds_with_buildkit(answer: Path, buildx: bool, reason: str, tmp_path: Path) -> None:
+    docker = fake_docker(tmp_path, answer, buildx=buildx)
+
+    completed = subprocess.run(
+        [tool("ansible-playbook"), "build-images.yml", "-e", json.dumps(serving_build_vars(docker, tmp_path))],
+        cwd=ANSIBLE_DIR,
+        env=ansible_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr
+    assert json.loads((tmp_path / "report.json").read_text())["builder"] == "buildkit", reason
+    (build,) = (tmp_path / "builds.log").read_text().splitlines()
+    dockerfile = REPO_ROOT / "docker" / "vllm-lmcache" / "Dockerfile"
+    assert build.startswith(f"DOCKER_BUILDKIT=1 build --quiet --file {dockerfile} "), build
+
+
+REFUSE_SERVING = "expected BuildKit for serving (its Dockerfile uses RUN --mount), found the legacy builder: "
+CLI_28_WITHOUT_BUILDX = "docker CLI 28.2.2 without the buildx plugin, which BuildKit builds need from Docker 23 on"
+
+
+def test_a_cli_from_docker_23_on_without_buildx_refuses_the_serving_image(tmp_path: Path) -> None:
+    # From 23.0 `DOCKER_BUILDKIT=1 docker build` is `docker buildx build`: measured failing without the plugin.
+    messages = failure_messages("build-images.yml", serving_build_vars(fake_docker(tmp_path, DOCKER_CLI_28), tmp_path))
+
+    assert messages == [
+        f"{REFUSE_SERVING}{CLI_28_WITHOUT_BUILDX}; install docker-buildx or leave serving out of the image selection"
+    ]
+    assert not (tmp_path / "builds.log").exists()
+
+
+def test_a_daemon_without_buildkit_refuses_the_serving_image(tmp_path: Path) -> None:
+    answer = variant(tmp_path, DEBIAN_DOCKER_IO, Os="windows", ApiVersion="1.38")
+
+    messages = failure_messages("build-images.yml", serving_build_vars(fake_docker(tmp_path, answer), tmp_path))
+
+    assert messages == [
+        f"{REFUSE_SERVING}a windows daemon at API 1.38, where BuildKit needs a Linux daemon at API 1.39 (Docker 18.09) "
+        "or later; install docker-buildx or leave serving out of the image selection"
+    ]
+
+
+def test_a_forced_legacy_builder_refuses_the_serving_image(tmp_path: Path) -> None:
+    docker = fake_docker(tmp_path, DEBIAN_DOCKER_IO)
+
+    messages = failure_messages("build-images.yml", serving_build_vars(docker, tmp_path, glm53_docker_builder="legacy"))
+
+    assert messages == [
+        f"{REFUSE_SERVING}glm53_docker_builder is legacy; set glm53_docker_builder to auto "
+        "or leave serving out of the image selection"
+    ]
+
+
+def test_forcing_buildkit_where_the_cli_cannot_refuses_in_one_sentence(tmp_path: Path) -> None:
+    forced = serving_build_vars(fake_docker(tmp_path, DOCKER_CLI_28), tmp_path, glm53_docker_builder="buildkit")
+
+    messages = failure_messages("build-images.yml", forced)
+
+    assert messages == [
+        "expected a docker CLI and daemon that build with BuildKit because glm53_docker_builder is 'buildkit', found "
+        f"{CLI_28_WITHOUT_BUILDX}; install docker-buildx or set glm53_docker_builder to auto or legacy"
+    ]

@@ -131,7 +131,7 @@ def test_both_installs_honour_the_constraints_and_pip_check_runs() -> None:
     text = DOCKERFILE.read_text()
 
     assert 'pip install -c /opt/glm53/share/constraints.txt "vllm==${VLLM_VERSION}"' in text
-    assert "pip install -c /opt/glm53/share/constraints.txt /tmp/lmcache-dist/lmcache-*.whl" in text
+    assert "pip install -c /opt/glm53/share/constraints.txt /mnt/lmcache-*.whl" in text
     assert "python -m pip check" in text
     assert "--constraints /opt/glm53/share/constraints.txt" in text  # build_info.py checks and records the set
 
