@@ -105,3 +105,9 @@ def test_a_bit_exact_profile_needs_identical_mixed_outputs() -> None:
     mixed = [sample(-1.0, text=" 7")] + [sample(-1.0)] * 7
     (failure,) = judge_mixed([sample(-1.0)] * 8, mixed, 4032, 1152, 0.05, True).failures
     assert failure.startswith("mixed: the profile marks this model's outputs bit-exact, but its 8 cold and 8 ")
+
+
+def test_a_rounding_sized_shift_of_a_deterministic_engine_is_no_difference() -> None:
+    """Zero variance makes Welch's p 0 for any shift; the real CPU engine's separate prefill moves the mean by 1e-4."""
+    result = judge_mixed([sample(-0.2397)] * 8, [sample(-0.2398)] * 8, 1152, 256, 0.05, True)
+    assert result.welch.p == 0 and result.passed

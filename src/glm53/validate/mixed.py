@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from glm53.validate.prompts import token_id_prompt
-from glm53.validate.protocol import Shape, Target, bit_exact_failures
+from glm53.validate.protocol import Shape, Target, bit_exact_failures, logprobs_differ
 from glm53.validate.stats import WelchResult, welch_t_test
 
 MIXED_SHAPE = Shape(max_tokens=8, logprobs=5)
@@ -93,7 +93,7 @@ def judge_mixed(
             f"mixed: {unmixed} of {len(mixed)} runs were not served partly by vLLM's prefix cache and partly by "
             "LMCache, so they did not exercise the mixed restore (is prefix caching on?)"
         )
-    if welch.p < alpha:
+    if logprobs_differ(welch, alpha):
         failures.append(
             f"mixed: the first-token log-probs differ between cold runs (mean {welch.a.mean:.4f}) and runs restored "
             f"from vLLM's prefix cache plus LMCache (mean {welch.b.mean:.4f}): Welch p = {welch.p:.3g} < alpha "

@@ -151,6 +151,19 @@ def check_equivalence(
     return judge_equivalence(cold, cached, alpha, tokens, bit_exact)
 
 
+# Below this shift of the mean first-token log-prob two conditions are the same for validation, whatever Welch's p says.
+# A deterministic engine (the real one on CPU: every run identical) has zero variance, so Welch's t-test calls any
+# difference significant, even the 1e-4 that bf16 rounding gives a prefix computed in a separate prefill (measured on
+# tiny-dense: -0.2397 cold, -0.2398 mixed, identical outputs). Real defects move it by tenths: the seed-004 fault 0.4,
+# the tiny hybrid's lost state 0.2-0.8.
+LOGPROB_TOLERANCE = 1e-3
+
+
+def logprobs_differ(welch: WelchResult, alpha: float) -> bool:
+    """Whether two conditions' first-token log-probs differ: significantly, and by more than rounding."""
+    return welch.p < alpha and abs(welch.a.mean - welch.b.mean) >= LOGPROB_TOLERANCE
+
+
 def judge_equivalence(
     cold: Sequence[RunSample],
     cached: Sequence[RunSample],
@@ -160,7 +173,7 @@ def judge_equivalence(
 ) -> EquivalenceResult:
     welch = welch_t_test([s.logprob for s in cold], [s.logprob for s in cached])
     failures = []
-    if welch.p < alpha:
+    if logprobs_differ(welch, alpha):
         failures.append(
             f"the first-token log-probs differ between cold runs (mean {welch.a.mean:.4f}) and runs served from "
             f"LMCache (mean {welch.b.mean:.4f}): Welch p = {welch.p:.3g} < alpha {alpha:g}"
