@@ -209,9 +209,22 @@ def engine(objs: Sequence[Obj], kind: str) -> Obj:
     return found[0]
 
 
+# The kinds that can run the engine pod: a Deployment, or a StatefulSet for weights.source=newPvc with replicaCount > 1
+# (each replica its own weights claim; charts/glm53/templates/engine/_storage.tpl).
+ENGINE_WORKLOAD_KINDS = ("Deployment", "StatefulSet")
+
+
+def engine_workload(objs: Sequence[Obj]) -> Obj:
+    """The one object that runs the engine pods, whichever of ENGINE_WORKLOAD_KINDS it is."""
+    found = [o for kind in ENGINE_WORKLOAD_KINDS for o in objects(objs, kind)]
+    found = [o for o in found if get(o, "metadata.labels").get(_COMPONENT) == "engine"]
+    assert len(found) == 1, f"expected one engine workload, found {[o['kind'] for o in found]}"
+    return found[0]
+
+
 def pod_spec(objs: Sequence[Obj]) -> Obj:
     """The engine pod's spec."""
-    spec: Obj = get(engine(objs, "Deployment"), "spec.template.spec")
+    spec: Obj = get(engine_workload(objs), "spec.template.spec")
     return spec
 
 

@@ -62,9 +62,16 @@ def program_argv(c: Obj, program: Sequence[str]) -> list[str]:
     return args[start + len(program) :]
 
 
+# The real CPU engine (mock.engine=vllm) starts as a module whose parser takes the model as `--model`; `vllm serve`
+# takes the same flag, so its argv parses as what follows `vllm serve`.
+REAL_CPU_ENGINE = ("python3", "-m", "vllm.entrypoints.openai.api_server")
+
+
 def engine_argv(objs: list[Obj]) -> list[str]:
-    """What follows `vllm serve` (for the mock: its argv without the stand-in's own flags)."""
+    """What follows `vllm serve` (for the stand-in: its argv without its own flags)."""
     vllm = container(objs, "vllm")
+    if "vllm.entrypoints.openai.api_server" in vllm["args"]:
+        return program_argv(vllm, REAL_CPU_ENGINE)
     if "mock" in vllm["args"]:
         argv = program_argv(vllm, ("glm53", "mock", "vllm"))
         for flag in MOCK_ONLY_FLAGS:
@@ -160,7 +167,10 @@ def test_engine_argv_parses_with_vllm_and_means_what_the_chart_intends(name: str
     args, engine = result["ok"]["args"], result["ok"]["engine"]
     values = scenario_values(name)
     profile = get_profile(values.get("profile", "glm53-flash"))
-    assert engine["model"] == profile.model_id
+    if _value(values, "mock.engine", "standin") == "vllm":  # the tiny model the init container makes, by its name
+        assert (engine["model"], engine["served_model_name"]) == (f"/models/{profile.name}", [profile.model_id])
+    else:
+        assert engine["model"] == profile.model_id
     assert (args["host"], args["port"]) == ("0.0.0.0", 8000)
     assert engine["tensor_parallel_size"] == _value(values, "vllm.tensorParallelSize", profile.tensor_parallel_size)
     assert engine["enable_prefix_caching"] is True

@@ -152,6 +152,40 @@ GUARDS: dict[str, tuple[dict[str, Any], str]] = {
         {"weights": {"source": "hostPath"}},
         "weights.source=hostPath needs weights.hostPath: set it to the node directory holding the weights",
     ),
+    # The issue's scale-out on one ReadWriteOnce claim: each GLM-5.3 replica fills an 8-GPU node, so two of three hang.
+    "replicas on an existing ReadWriteOnce claim": (
+        {
+            "profile": "glm53",
+            "replicaCount": 3,
+            "weights": {"source": "existingPvc", "existingClaim": "glm53-weights"},
+        },
+        'replicaCount=3 with weights.existingClaim "glm53-weights" declared ReadWriteOnce '
+        "(weights.existingClaimAccessMode): a ReadWriteOnce claim attaches to one node only, so the replicas scheduled "
+        "onto other GPU nodes hang in ContainerCreating (Multi-Attach error); pre-stage the weights on a ReadOnlyMany "
+        "or ReadWriteMany claim and set weights.existingClaimAccessMode to its mode, set weights.source=newPvc to give "
+        "each replica its own claim, or set replicaCount=1",
+    ),
+    "replicas on an existing ReadWriteOncePod claim": (
+        {
+            "replicaCount": 2,
+            "weights": {"source": "existingPvc", "existingClaim": "w", "existingClaimAccessMode": "ReadWriteOncePod"},
+        },
+        'replicaCount=2 with weights.existingClaim "w" declared ReadWriteOncePod (weights.existingClaimAccessMode): '
+        "a ReadWriteOncePod claim is mounted by one pod only, so the other replicas never start; pre-stage the weights",
+    ),
+    "statefulset name too long for its pods' revision label": (
+        {"replicaCount": 2, "fullnameOverride": "g" * 53},
+        f'replicaCount=2 with weights.source=newPvc runs the engines as a StatefulSet named "{"g" * 53}" (53 '
+        "characters), whose pods carry the label controller-revision-hash=<name>-<hash of up to 10 characters>, and "
+        "Kubernetes refuses label values over 63 characters, so no pod would be created; set fullnameOverride (or use "
+        "a shorter release name) so the name has at most 52 characters",
+    ),
+    "ReadOnlyMany claim mounted read-write": (
+        {"weights": {"source": "existingPvc", "existingClaim": "w", "existingClaimAccessMode": "ReadOnlyMany"}},
+        "weights.existingClaimAccessMode=ReadOnlyMany with weights.readOnly=false: a ReadOnlyMany claim is for "
+        "read-only mounts (CSI drivers such as GCE PD refuse to attach it read-write to several nodes); set "
+        "weights.readOnly=true, with weights.offline=true since nothing can be downloaded into a read-only cache",
+    ),
 }
 
 
@@ -241,6 +275,17 @@ def test_dra_needs_kubernetes_1_34() -> None:
         },
         {"lmcache": {"enabled": False}, "vllm": {"enablePrefixCaching": False}},
         {"vllm": {"extraEnv": [{"name": "VLLM_BATCH_INVARIANT", "value": "0"}]}},
+        # Storage every replica can mount: a claim each (newPvc), a shared many-node claim, node-local or pod-local.
+        {"replicaCount": 3},
+        {
+            "replicaCount": 3,
+            "weights": {"source": "existingPvc", "existingClaim": "w", "existingClaimAccessMode": "ReadWriteMany"},
+        },
+        {"replicaCount": 3, "weights": {"source": "hostPath", "hostPath": "/mnt/nvme/models"}},
+        {"replicaCount": 3, "weights": {"source": "none"}},
+        {"replicaCount": 1, "weights": {"source": "existingPvc", "existingClaim": "w"}},  # one pod: RWO is fine
+        {"replicaCount": 2, "fullnameOverride": "g" * 52},  # the longest StatefulSet name whose pods get created
+        {"fullnameOverride": "g" * 63},  # one replica: a Deployment, no revision label of that form
     ],
 )
 def test_near_misses_render(values: dict[str, Any]) -> None:
@@ -257,6 +302,7 @@ def test_near_misses_render(values: dict[str, Any]) -> None:
         ({"vllm": {"kvCacheDtype": "int4"}}, "kvCacheDtype"),
         ({"weights": {"source": "s3"}}, "source"),
         ({"updateStrategy": {"type": "Surge"}}, "type"),
+        ({"weights": {"existingClaimAccessMode": "RWX"}}, "existingClaimAccessMode"),
     ],
 )
 def test_schema_refuses_unknown_keys_and_bad_types(values: dict[str, Any], fragment: str) -> None:

@@ -17,6 +17,7 @@ from chartkit import (
     OLDEST_KUBE,
     RELEASE,
     Obj,
+    engine_workload,
     get,
     notes,
     objects,
@@ -42,7 +43,10 @@ def _component(obj: Obj) -> str:
 
 
 def _engine(objs: list[Obj]) -> Obj:
-    return _named(objs, "Deployment", RELEASE)
+    """The engine workload: a StatefulSet in the router scenarios (newPvc with replicaCount > 1), else a Deployment."""
+    workload = engine_workload(objs)
+    assert workload["metadata"]["name"] == RELEASE
+    return workload
 
 
 def _router_container(objs: list[Obj]) -> Obj:
@@ -58,8 +62,9 @@ def _parsed(objs: list[Obj]) -> RouterArgs:
 
 
 def _pod_templates(objs: list[Obj]) -> list[dict[str, Any]]:
-    """Labels of every pod the chart can create: Deployment templates and bare Pods (`helm test`)."""
-    labels = [get(d, "spec.template.metadata.labels") for d in objects(objs, "Deployment")]
+    """Labels of every pod the chart can create: Deployment and StatefulSet templates and bare Pods (`helm test`)."""
+    workloads = objects(objs, "Deployment") + objects(objs, "StatefulSet")
+    labels = [get(d, "spec.template.metadata.labels") for d in workloads]
     return labels + [p["metadata"]["labels"] for p in objects(objs, "Pod")]
 
 
@@ -71,7 +76,8 @@ def router_objs() -> list[Obj]:
 def test_router_disabled_renders_the_chart_without_it() -> None:
     default = render({})
     assert render({"router": {"enabled": False}}) == default
-    assert render({"replicaCount": 3}) != default  # replicas alone change only the engine Deployment
+    # Replicas alone change only the engine workload (and, newPvc needing a claim per replica, its storage).
+    assert render({"replicaCount": 3}) != default
     for objs in (default, render({"replicaCount": 3})):
         assert [o for o in objs if _component(o) == "router"] == []
 

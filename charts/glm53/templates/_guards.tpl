@@ -1,7 +1,8 @@
 {{/*
 Template guards: refuse a configuration that cannot serve correctly, with one sentence naming what to change.
-values.schema.json catches wrong types and unknown keys; these checks need the profile's facts. Included once, from the
-Deployment, so every render (install, template, lint) runs them.
+values.schema.json catches wrong types and unknown keys; these checks need the profile's facts. Included once, at the
+top of engine/deployment.yaml (before its Deployment-or-StatefulSet choice), so every render (install, template, lint)
+runs them.
 */}}
 
 {{/* True ("true") when an EnvVar list sets NAME to a value other than "" / "0" / "false". Call with (dict "env" LIST "name" NAME). */}}
@@ -170,5 +171,26 @@ flags into positionals). Call with (dict "key" VALUES-PATH "args" LIST "owned" O
 {{- end }}
 {{- if and (eq .Values.weights.source "hostPath") (not .Values.weights.hostPath) }}
 {{- fail "weights.source=hostPath needs weights.hostPath: set it to the node directory holding the weights" }}
+{{- end }}
+
+{{- /* Storage the replicas can mount (engine/_storage.tpl). newPvc needs no check: with replicaCount > 1 every replica
+gets its own claim, so the chart never shares one. An existing claim's access mode is declared, since `helm template`
+cannot read the cluster. */}}
+{{- /* kubernetes/kubernetes#64023 (open): a StatefulSet pod's controller-revision-hash label is <name>-<10-character
+hash> and is never truncated, so a name over 52 characters makes every pod creation fail. */}}
+{{- $fullname := include "glm53.fullname" . }}
+{{- if and (include "glm53.engine.perReplicaClaims" .) (gt (len $fullname) 52) }}
+{{- fail (printf "replicaCount=%d with weights.source=newPvc runs the engines as a StatefulSet named %q (%d characters), whose pods carry the label controller-revision-hash=<name>-<hash of up to 10 characters>, and Kubernetes refuses label values over 63 characters, so no pod would be created; set fullnameOverride (or use a shorter release name) so the name has at most 52 characters" (int .Values.replicaCount) $fullname (len $fullname)) }}
+{{- end }}
+{{- $mode := .Values.weights.existingClaimAccessMode }}
+{{- if eq .Values.weights.source "existingPvc" }}
+{{- if and (gt (int .Values.replicaCount) 1) (has $mode (list "ReadWriteOnce" "ReadWriteOncePod")) }}
+{{- $why := "a ReadWriteOnce claim attaches to one node only, so the replicas scheduled onto other GPU nodes hang in ContainerCreating (Multi-Attach error)" }}
+{{- if eq $mode "ReadWriteOncePod" }}{{ $why = "a ReadWriteOncePod claim is mounted by one pod only, so the other replicas never start" }}{{ end }}
+{{- fail (printf "replicaCount=%d with weights.existingClaim %q declared %s (weights.existingClaimAccessMode): %s; pre-stage the weights on a ReadOnlyMany or ReadWriteMany claim and set weights.existingClaimAccessMode to its mode, set weights.source=newPvc to give each replica its own claim, or set replicaCount=1" (int .Values.replicaCount) .Values.weights.existingClaim $mode $why) }}
+{{- end }}
+{{- if and (eq $mode "ReadOnlyMany") (not .Values.weights.readOnly) }}
+{{- fail "weights.existingClaimAccessMode=ReadOnlyMany with weights.readOnly=false: a ReadOnlyMany claim is for read-only mounts (CSI drivers such as GCE PD refuse to attach it read-write to several nodes); set weights.readOnly=true, with weights.offline=true since nothing can be downloaded into a read-only cache" }}
+{{- end }}
 {{- end }}
 {{- end }}

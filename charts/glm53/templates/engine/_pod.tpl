@@ -1,0 +1,319 @@
+{{/*
+The engine pod template, shared by the two workloads that can run it: the Deployment (deployment.yaml) and, for
+weights.source=newPvc with replicaCount > 1, the StatefulSet (statefulset.yaml). Exactly one of them renders
+(glm53.engine.perReplicaClaims), so the pod is the same whichever runs it. Include with `nindent 4` under `template:`.
+*/}}
+{{- define "glm53.engine.podTemplate" -}}
+{{- $mock := .Values.mock.enabled }}
+{{- $real := include "glm53.realCpuEngine" . }}
+{{- $dra := and .Values.dra.enabled (not $mock) }}
+{{- $ctx := dict "ctx" . "component" "engine" -}}
+metadata:
+  labels:
+    {{- include "glm53.labels" $ctx | nindent 4 }}
+  {{- with .Values.podAnnotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+spec:
+  serviceAccountName: {{ include "glm53.serviceAccountName" . }}
+  automountServiceAccountToken: false
+  enableServiceLinks: false
+  terminationGracePeriodSeconds: {{ .Values.terminationGracePeriodSeconds }}
+  securityContext:
+    {{- include "glm53.podSecurityContext" . | nindent 4 }}
+  {{- if and (not $mock) .Values.runtimeClassName }}
+  runtimeClassName: {{ .Values.runtimeClassName }}
+  {{- end }}
+  {{- with .Values.imagePullSecrets }}
+  imagePullSecrets:
+    {{- range . }}
+    - name: {{ . }}
+    {{- end }}
+  {{- end }}
+  {{- $nodeSelector := deepCopy .Values.nodeSelector }}
+  {{- if and (not $mock) .Values.placement.gpuProduct }}
+  {{- $_ := set $nodeSelector .Values.placement.gpuProductLabel .Values.placement.gpuProduct }}
+  {{- end }}
+  {{- with $nodeSelector }}
+  nodeSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- $tolerations := .Values.tolerations }}
+  {{- if not $mock }}{{ $tolerations = concat .Values.placement.tolerations .Values.tolerations }}{{ end }}
+  {{- with $tolerations }}
+  tolerations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.affinity }}
+  affinity:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- if $dra }}
+  # One claim per pod (from the template), referenced by the engine and the sidecar: both see exactly these GPUs.
+  resourceClaims:
+    - name: gpus
+      resourceClaimTemplateName: {{ include "glm53.fullname" . }}-gpus
+  {{- end }}
+  {{- if or .Values.lmcache.enabled $real }}
+  initContainers:
+    {{- if $real }}
+    # The real CPU engine's model, made in the pod before anything else starts (no hub is reached): a tokenizer
+    # trained here, a config and seeded weights (glm53.tinymodels).
+    - name: tiny-model
+      image: {{ include "glm53.image" . }}
+      imagePullPolicy: {{ include "glm53.imagePullPolicy" . }}
+      command: ["glm53", "tiny-model"]
+      args: ["--shape", {{ (include "glm53.profile" . | fromJson).tinyModel.shape | quote }}, "--out", {{ include "glm53.tinyModelDir" . | quote }}]
+      env:
+        {{- include "glm53.baseEnv" . | nindent 8 }}
+      resources:
+        {{- toYaml .Values.mock.lmcacheResources | nindent 8 }}
+      securityContext:
+        {{- include "glm53.containerSecurityContext" . | nindent 8 }}
+      volumeMounts:
+        - name: tmp
+          mountPath: /tmp
+        - name: weights
+          mountPath: {{ .Values.weights.mountPath }}
+    {{- end }}
+    {{- if .Values.lmcache.enabled }}
+    # Native sidecar: restartPolicy Always makes the kubelet start vLLM only after this container's startup
+    # probe passed, and stop it only after vLLM exited.
+    - name: lmcache
+      image: {{ include "glm53.image" . }}
+      imagePullPolicy: {{ include "glm53.imagePullPolicy" . }}
+      restartPolicy: Always
+      command: {{ include "glm53.supervisorCommand" . }}
+      args:
+        {{- include "glm53.lmcacheContainerArgs" . | fromJsonArray | toYaml | nindent 8 }}
+      env:
+        {{- include "glm53.baseEnv" . | nindent 8 }}
+        {{- include "glm53.envFromMap" .Values.lmcache.telemetryEnv | nindent 8 }}
+        {{- if and (not $mock) (not $dra) }}
+        # CUDA IPC: see lmcache.gpuAccess in values.yaml (no GPU request; visibility through the NVIDIA runtime).
+        - name: NVIDIA_VISIBLE_DEVICES
+          value: {{ ternary "all" "void" (eq .Values.lmcache.gpuAccess "visibleDevices") }}
+        {{- end }}
+        {{- with .Values.lmcache.extraEnv }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      startupProbe:
+        exec:
+          command:
+            {{- include "glm53.lmcacheHealthCommand" . | fromJsonArray | toYaml | nindent 12 }}
+        periodSeconds: {{ .Values.probes.lmcache.periodSeconds }}
+        timeoutSeconds: {{ .Values.probes.lmcache.timeoutSeconds }}
+        failureThreshold: {{ .Values.probes.lmcache.startupFailureThreshold }}
+      livenessProbe:
+        exec:
+          command:
+            {{- include "glm53.lmcacheHealthCommand" . | fromJsonArray | toYaml | nindent 12 }}
+        periodSeconds: {{ .Values.probes.lmcache.periodSeconds }}
+        timeoutSeconds: {{ .Values.probes.lmcache.timeoutSeconds }}
+        failureThreshold: {{ .Values.probes.lmcache.livenessFailureThreshold }}
+      resources:
+        {{- if $mock }}
+        {{- toYaml .Values.mock.lmcacheResources | nindent 8 }}
+        {{- else }}
+        {{- $memory := printf "%dGi" (add (ceil .Values.lmcache.l1SizeGb | int) (int .Values.lmcache.memoryOverheadGi)) }}
+        requests:
+          cpu: {{ .Values.lmcache.cpu | quote }}
+          memory: {{ $memory }}
+        limits:
+          memory: {{ $memory }}
+        {{- if $dra }}
+        claims:
+          - name: gpus
+        {{- end }}
+        {{- end }}
+      securityContext:
+        {{- include "glm53.containerSecurityContext" . | nindent 8 }}
+      volumeMounts:
+        {{- include "glm53.volumeMounts.logs" . | nindent 8 }}
+        {{- include "glm53.volumeMounts.runtime" . | nindent 8 }}
+    {{- end }}
+  {{- end }}
+  containers:
+    - name: vllm
+      image: {{ include "glm53.image" . }}
+      imagePullPolicy: {{ include "glm53.imagePullPolicy" . }}
+      command: {{ include "glm53.supervisorCommand" . }}
+      args:
+        {{- include "glm53.vllmContainerArgs" . | fromJsonArray | toYaml | nindent 8 }}
+      ports:
+        - name: http
+          containerPort: {{ include "glm53.vllmPort" . }}
+          protocol: TCP
+      env:
+        {{- include "glm53.baseEnv" . | nindent 8 }}
+        {{- include "glm53.envFromMap" .Values.vllm.telemetryEnv | nindent 8 }}
+        {{- with .Values.vllm.apiKeySecret.name }}
+        # vLLM 0.33 reads VLLM_API_KEY when no --api-key is given (vllm/entrypoints/serve/middleware/register.py:33).
+        - name: VLLM_API_KEY
+          valueFrom:
+            secretKeyRef:
+              name: {{ . }}
+              key: {{ $.Values.vllm.apiKeySecret.key }}
+        {{- end }}
+        - name: HF_HOME
+          value: {{ .Values.weights.mountPath }}/huggingface
+        {{- if or .Values.weights.offline $real }}
+        - name: HF_HUB_OFFLINE
+          value: "1"
+        {{- end }}
+        {{- if $real }}
+        # vLLM's CPU backend sizes its KV cache from this (GiB), not from a GPU memory fraction.
+        - name: VLLM_CPU_KVCACHE_SPACE
+          value: {{ .Values.mock.realEngine.kvCacheGib | quote }}
+        {{- end }}
+        {{- if .Values.weights.hfTokenSecret.name }}
+        # The token is read from a mounted file, never from an environment variable.
+        - name: HF_TOKEN_PATH
+          value: {{ include "glm53.hfTokenDir" . }}/{{ .Values.weights.hfTokenSecret.key }}
+        {{- end }}
+        {{- if or .Values.validation.enabled .Values.vllm.devMode }}
+        # UNSAFE FOR PRODUCTION: unauthenticated /reset_prefix_cache and the other dev and RL routes (vllm 0.33
+        # vllm/entrypoints/launchers/api_server/routers.py:46-53), for `helm test` validation only.
+        - name: VLLM_SERVER_DEV_MODE
+          value: "1"
+        {{- end }}
+        {{- if .Values.vllm.batchInvariant }}
+        - name: VLLM_BATCH_INVARIANT
+          value: "1"
+        {{- end }}
+        {{- with .Values.vllm.extraEnv }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      startupProbe:
+        {{- if .Values.lmcache.enabled }}
+        # Exit 0 Ready; 3 still loading and 4 wrong geometry / failed server are both failures to the kubelet:
+        # read the probe's one-line message in `kubectl describe pod` events.
+        exec:
+          command:
+            {{- include "glm53.startupProbeCommand" . | fromJsonArray | toYaml | nindent 12 }}
+        {{- else }}
+        httpGet:
+          path: /health
+          port: http
+        {{- end }}
+        periodSeconds: {{ .Values.probes.startup.periodSeconds }}
+        timeoutSeconds: {{ .Values.probes.startup.timeoutSeconds }}
+        failureThreshold: {{ .Values.probes.startup.failureThreshold }}
+      readinessProbe:
+        exec:
+          command:
+            {{- include "glm53.vllmReadinessCommand" . | fromJsonArray | toYaml | nindent 12 }}
+        periodSeconds: {{ .Values.probes.readiness.periodSeconds }}
+        timeoutSeconds: {{ .Values.probes.readiness.timeoutSeconds }}
+        failureThreshold: {{ .Values.probes.readiness.failureThreshold }}
+      livenessProbe:
+        httpGet:
+          path: /health
+          port: http
+        periodSeconds: {{ .Values.probes.liveness.periodSeconds }}
+        timeoutSeconds: {{ .Values.probes.liveness.timeoutSeconds }}
+        failureThreshold: {{ .Values.probes.liveness.failureThreshold }}
+      resources:
+        {{- if $real }}
+        {{- toYaml .Values.mock.realEngine.resources | nindent 8 }}
+        {{- else if $mock }}
+        {{- toYaml .Values.mock.vllmResources | nindent 8 }}
+        {{- else }}
+        {{- $gpus := include "glm53.gpus" . }}
+        requests:
+          {{- toYaml .Values.vllm.resources.requests | nindent 10 }}
+          {{- if not $dra }}
+          nvidia.com/gpu: {{ $gpus }}
+          {{- end }}
+        limits:
+          {{- toYaml .Values.vllm.resources.limits | nindent 10 }}
+          {{- if not $dra }}
+          nvidia.com/gpu: {{ $gpus }}
+          {{- end }}
+        {{- if $dra }}
+        claims:
+          - name: gpus
+        {{- end }}
+        {{- end }}
+      securityContext:
+        {{- include "glm53.containerSecurityContext" . | nindent 8 }}
+      volumeMounts:
+        {{- include "glm53.volumeMounts.logs" . | nindent 8 }}
+        {{- include "glm53.volumeMounts.runtime" . | nindent 8 }}
+        - name: weights
+          mountPath: {{ .Values.weights.mountPath }}
+          readOnly: {{ .Values.weights.readOnly }}
+        {{- if .Values.weights.hfTokenSecret.name }}
+        - name: hf-token
+          mountPath: {{ include "glm53.hfTokenDir" . }}
+          readOnly: true
+        {{- end }}
+    {{- if .Values.exporter.enabled }}
+    - name: exporter
+      image: {{ include "glm53.image" . }}
+      imagePullPolicy: {{ include "glm53.imagePullPolicy" . }}
+      command: ["glm53", "exporter"]
+      args:
+        {{- include "glm53.exporterArgs" . | fromJsonArray | toYaml | nindent 8 }}
+      ports:
+        - name: metrics
+          containerPort: {{ .Values.exporter.port }}
+          protocol: TCP
+      env:
+        {{- include "glm53.baseEnv" . | nindent 8 }}
+      readinessProbe:
+        tcpSocket:
+          port: metrics
+        periodSeconds: 10
+      livenessProbe:
+        tcpSocket:
+          port: metrics
+        periodSeconds: 20
+      resources:
+        {{- toYaml .Values.exporter.resources | nindent 8 }}
+      securityContext:
+        {{- include "glm53.containerSecurityContext" . | nindent 8 }}
+      volumeMounts:
+        - name: logs
+          mountPath: {{ include "glm53.logDir" . }}
+          readOnly: true
+        - name: tmp
+          mountPath: /tmp
+    {{- end }}
+  volumes:
+    - name: logs
+      emptyDir:
+        sizeLimit: {{ .Values.logVolumeSize }}
+    - name: tmp
+      emptyDir: {}
+    - name: shm
+      emptyDir:
+        medium: Memory
+        sizeLimit: {{ .Values.shmSize }}
+    {{- if not (include "glm53.engine.perReplicaClaims" .) }}
+    {{- /* With per-replica claims the StatefulSet's volumeClaimTemplate supplies `weights` (statefulset.yaml). */}}
+    - name: weights
+      {{- $claim := include "glm53.weightsClaimName" . }}
+      {{- if $claim }}
+      persistentVolumeClaim:
+        claimName: {{ $claim }}
+        readOnly: {{ .Values.weights.readOnly }}
+      {{- else if eq .Values.weights.source "hostPath" }}
+      hostPath:
+        path: {{ .Values.weights.hostPath }}
+        type: Directory
+      {{- else }}
+      emptyDir: {}
+      {{- end }}
+    {{- end }}
+    {{- with .Values.weights.hfTokenSecret.name }}
+    - name: hf-token
+      secret:
+        secretName: {{ . }}
+        defaultMode: 0440
+        items:
+          - key: {{ $.Values.weights.hfTokenSecret.key }}
+            path: {{ $.Values.weights.hfTokenSecret.key }}
+    {{- end }}
+{{- end }}
