@@ -117,7 +117,8 @@ def test_serving_names_a_server_that_exits_in_one_line(tmp_path: Path) -> None:
 def test_usage_reports_cached_tokens_only_with_prompt_tokens_details() -> None:
     generation = model.generate([1, 2], 1, 0, 0)
     outcome = Outcome(generation, 300, 64, 192, 0.01)
-    assert openai_api.usage(outcome, True)["prompt_tokens_details"] == {"cached_tokens": 256}
+    details = {"cached_tokens": 256, "created_cache_tokens": None, "multimodal_tokens": None}
+    assert openai_api.usage(outcome, True)["prompt_tokens_details"] == details
     assert openai_api.usage(outcome, False)["prompt_tokens_details"] is None
 
 
@@ -164,12 +165,15 @@ def test_connector_config_errors_are_one_line(text: str, message: str) -> None:
     [
         ({"prompt": 5}, 400, "prompt must be a string or a list of non-negative integer token ids"),
         ({"prompt": "hi", "model": "other"}, 404, "The model `other` does not exist."),
-        ({"prompt": "hi", "max_tokens": 0}, 400, "max_tokens must be an integer >= 1"),
+        ({"prompt": "hi", "max_tokens": 0}, 400, "max_tokens must be at least 1, got 0."),
+        ({"prompt": "hi", "max_tokens": 51}, 400, "max_tokens=51 cannot be greater than max_model_len=50."),
         ({"prompt": "hi", "logprobs": 9}, 400, "logprobs must be an integer >= 0 and <= 5"),
         ({"prompt": "hi", "cache_salt": 1}, 400, "cache_salt must be a string"),
         ({"prompt": "hi", "cache_salt": "a@b"}, 400, "cache_salt must be at most 128 characters without '@'"),
         ({"prompt": "hi", "cache_salt": "x" * 129}, 400, "cache_salt must be at most 128 characters"),
-        ({"prompt": list(range(40))}, 400, "maximum context length is 50 tokens"),
+        ({"prompt": list(range(60))}, 400, "maximum context length is 50 tokens. However, your prompt contains 60"),
+        ({"prompt": "a " * 60}, 400, "However, your prompt contains at least 51 input tokens"),
+        ({"prompt": list(range(50))}, 400, "max_tokens must be at least 1, got 0."),
     ],
 )
 def test_bad_requests_get_vllm_error_bodies(body: dict[str, object], status: int, message: str) -> None:
@@ -177,6 +181,12 @@ def test_bad_requests_get_vllm_error_bodies(body: dict[str, object], status: int
         openai_api.parse_request(body, chat=False, served_model="m", max_model_len=50)
     assert caught.value.status == status
     assert message in caught.value.body()["error"]["message"]
+
+
+def test_max_tokens_are_capped_by_what_the_context_has_left() -> None:
+    """vLLM's get_max_tokens: 40 prompt tokens in a context of 50 leave 10 of the default 16."""
+    request = openai_api.parse_request({"prompt": list(range(40))}, chat=False, served_model="m", max_model_len=50)
+    assert request.prompt.max_tokens == 10
 
 
 def test_chat_messages_are_joined_into_one_prompt() -> None:

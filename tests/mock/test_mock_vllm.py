@@ -28,6 +28,8 @@ from mockproc import (
     vllm_args,
 )
 
+from glm53.mock import logs
+
 pytestmark = pytest.mark.slow
 
 FLASH_GROUPS = "[1152, 1152, 1152, 1152, 1152, 0]"
@@ -36,7 +38,7 @@ VLLM_LINE = re.compile(r"^\((\w+) pid=\d+\) (INFO|WARNING|ERROR) \d\d-\d\d \d\d:
 # lmcache/logging.py:8-14: colour, "[date] LMCache LEVEL:", reset, message, "(file:line:logger)" in italics.
 LMCACHE_GEOMETRY = re.compile(
     r"^\x1b\[32;20m\[[\d :,-]+\] LMCache INFO:\x1b\[0m Resolved LMCache MP geometry: group_tokens_per_block=(.*), "
-    r"scheduler_block_size=(\d+), cache_model_name=(\S+) \x1b\[3m\(lmcache_mp_connector\.py:668:"
+    r"scheduler_block_size=(\d+), cache_model_name=(\S+) \x1b\[3m\(lmcache_mp_connector\.py:667:"
     r"lmcache\.integration\.vllm\.lmcache_mp_connector\)\x1b\[0m$"
 )
 
@@ -81,8 +83,9 @@ def test_flash_starts_with_vllm_lines_and_tp_plus_one_geometry_lines(tmp_path: P
     with engine(tmp_path, FLASH_MODEL, "glm53-flash", 4, flash_server.port, *extra) as pair:
         lines = pair.process.lines()
     vllm = [m.groups() for m in map(VLLM_LINE.match, lines) if m]
-    banner = f"vLLM server version 0.33.0, serving model {FLASH_MODEL}"
-    assert vllm[0] == ("APIServer", "INFO", "startup.py", "38", banner)
+    # vLLM's monochrome logo (startup.py:16-38), its prefix repeated on each of its lines.
+    banner = (logs.LOGO % ("0.33.0", FLASH_MODEL)).split("\n")
+    assert vllm[: len(banner)] == [("APIServer", "INFO", "startup.py", "38", line) for line in banner]
     assert (
         "APIServer",
         "INFO",
@@ -90,7 +93,7 @@ def test_flash_starts_with_vllm_lines_and_tp_plus_one_geometry_lines(tmp_path: P
         "1108",
         "Setting attention block size to 1152 tokens to ensure that attention page size is >= mamba page size.",
     ) in vllm
-    assert {name for name, *_ in vllm} >= {"APIServer", "EngineCore_DP0", "Worker_TP0", "Worker_TP3"}
+    assert {name for name, *_ in vllm} >= {"APIServer", "EngineCore", "Worker_TP0", "Worker_TP3"}
     geometry = [m.groups() for m in map(LMCACHE_GEOMETRY.match, lines) if m]
     assert geometry == [(FLASH_GROUPS, "1152", FLASH_MODEL)] * 5  # 4 TP workers + the scheduler, untagged
     assert vllm[-1][4].startswith("Starting vLLM server on http://127.0.0.1:")
@@ -148,7 +151,7 @@ def test_a_chunk_size_that_does_not_fit_fails_like_0_5_6(tmp_path: Path, glm53_s
         process.stop()
     lines = process.lines()
     vllm = [m.groups() for m in map(VLLM_LINE.match, lines) if m]
-    failed = ("EngineCore_DP0", "ERROR", "core.py", "1584")
+    failed = ("EngineCore", "ERROR", "core.py", "1584")
     assert (*failed, "EngineCore failed to start.") in vllm
     # NewLineFormatter repeats the prefix on every traceback line, the exception's own line included.
     assert (*failed, "ValueError: LMCache chunk size 256 must be a multiple of group 0 tokens_per_block 1152") in vllm

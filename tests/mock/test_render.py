@@ -57,7 +57,7 @@ def test_max_tokens_is_capped_by_the_context_left() -> None:
 @pytest.mark.parametrize(
     ("body", "status", "message"),
     [
-        ({"model": "other", "prompt": "a"}, 404, "The model `other` does not exist."),
+        ({"model": "other", "prompt": "a"}, 404, "The model `other` does not exist. Valid aliases: m."),
         ({"prompt": 7}, 400, "prompt must be a string or a list of non-negative integer token ids"),
         ({"prompt": "   "}, 400, "the prompt is empty"),
         ([], 400, "the request body must be a JSON object"),

@@ -189,7 +189,9 @@ class Engine:
         m = self.metrics
         m.prefix_queries.inc(length)
         m.prefix_hits.inc(local)
-        m.external_queries.inc(length)
+        # vllm 0.33.0 v1/core/sched/scheduler.py:1211-1214 (0.32: :1039-1042): the connector is asked about the tokens
+        # beyond vLLM's own hit, `request.num_tokens - num_new_local_computed_tokens`.
+        m.external_queries.inc(length - local)
         m.external_hits.inc(external)
         m.prompt_tokens_cached.inc(local + external)
         m.prompt_tokens.inc(length)

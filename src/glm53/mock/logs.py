@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +35,7 @@ class Site:
 
 
 # Sites in vllm 0.33.0 and lmcache 0.5.6 (paths relative to the packages).
-BANNER = Site("startup.py", 38)  # entrypoints/common/startup.py:38, log_version_and_model (plain form, no logo)
+BANNER = Site("startup.py", 38)  # entrypoints/common/startup.py:38, log_version_and_model
 NON_DEFAULT_ARGS = Site("startup.py", 96)  # entrypoints/common/startup.py:96
 ATTENTION_BLOCK = Site("interface.py", 1108)  # platforms/interface.py:1108-1112
 ENGINE_INIT = Site("core.py", 139)  # v1/engine/core.py:139-143
@@ -43,7 +44,9 @@ ENGINE_FAILED = Site("core.py", 1584)  # v1/engine/core.py:1584, logger.exceptio
 ENGINE_FATAL = Site("core.py", 1586)  # v1/engine/core.py:1586, "EngineCore encountered a fatal error."
 SERVER_STARTED = Site("entry.py", 139)  # entrypoints/launchers/api_server/entry.py:139
 RESET = Site("api_router.py", 39)  # entrypoints/serve/dev/cache/api_router.py:39
-GEOMETRY = Site("lmcache_mp_connector.py", 668)  # lmcache integration/vllm/lmcache_mp_connector.py:668-674
+# lmcache integration/vllm/lmcache_mp_connector.py:667-673; a record names the line its call starts on, 667 (what the
+# real engine logs).
+GEOMETRY = Site("lmcache_mp_connector.py", 667)
 GEOMETRY_LOGGER = "lmcache.integration.vllm.lmcache_mp_connector"
 
 
@@ -101,8 +104,30 @@ class VllmLogger:
         self.log(logging.ERROR, site, message, exc_info=True)
 
 
+# vllm 0.33.0 entrypoints/common/startup.py:16-38 (log_version_and_model): the logo unless VLLM_DISABLE_LOG_LOGO=1
+# (envs.py:2184) or no vLLM formatter is installed; monochrome unless the ColoredFormatter is (a terminal), so a pod's
+# log file gets this. vLLM 0.32 prints the same logo (entrypoints/serve/utils/api_utils.py:325-347).
+LOGO = (
+    "\n       \u2588     \u2588     \u2588\u2584   \u2584\u2588\n"
+    " \u2584\u2584 \u2584\u2588 \u2588     \u2588     \u2588 \u2580\u2584\u2580 \u2588  version %s\n"
+    "  \u2588\u2584\u2588\u2580 \u2588     \u2588     \u2588     \u2588  model   %s\n"
+    "   \u2580\u2580  \u2580\u2580\u2580\u2580\u2580 \u2580\u2580\u2580\u2580\u2580 \u2580     \u2580\n"
+)
+PLAIN_BANNER = "vLLM server version %s, serving model %s"
+LOGO_OFF_ENV = "VLLM_DISABLE_LOG_LOGO"
+
+
+def banner_format(environ: Mapping[str, str]) -> str:
+    """The start banner's format (version, model): vLLM's logo, or its plain line with VLLM_DISABLE_LOG_LOGO=1."""
+    try:
+        plain = bool(int(environ.get(LOGO_OFF_ENV, "0")))
+    except ValueError:
+        plain = False
+    return PLAIN_BANNER if plain else LOGO
+
+
 def log_geometry(group_tokens_per_block: list[int], scheduler_block_size: int, cache_model_name: str) -> None:
-    """The connector's geometry line through LMCache's real logger, as lmcache_mp_connector.py:668-674 logs it."""
+    """The connector's geometry line through LMCache's real logger, as lmcache_mp_connector.py:667-673 logs it."""
     from lmcache.logging import init_logger  # the pod extra; never imported by the slim toolkit
 
     logger = init_logger(GEOMETRY_LOGGER)

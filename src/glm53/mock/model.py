@@ -25,6 +25,11 @@ NOISE_SD = 0.05
 # The first-token log-prob shift of a request whose full prompt was restored from the cache under the fault.
 RECOVERY_MISMATCH_SHIFT = -0.4
 FOLLOWING_TOKEN_LOGPROB = -0.08
+# The runners-up at each position (what `logprobs=N` lists after the chosen token), each less likely than the last:
+# at the first position from just below the chosen token's log-prob, later from where the little left fits.
+ALTERNATIVES = 5
+ALTERNATIVE_STEP = 0.6
+FOLLOWING_ALTERNATIVE_LOGPROB = -3.5
 
 _VOCABULARY = (
     *("the", "answer", "is", "in", "section", "paragraph", "document", "states", "that", "according", "to"),
@@ -49,11 +54,23 @@ def prompt_fingerprint(tokens: Sequence[int]) -> int:
 
 @dataclass(frozen=True)
 class Generation:
-    """One completion: its words and the log-prob of each, plus top alternatives for the first position."""
+    """One completion: its words, the log-prob of each, and at each position the most likely other words."""
 
     words: tuple[str, ...]
     logprobs: tuple[float, ...]
-    first_alternatives: tuple[tuple[str, float], ...]
+    alternatives: tuple[tuple[tuple[str, float], ...], ...]  # per position: (word, log-prob), most likely first
+
+    @property
+    def first_alternatives(self) -> tuple[tuple[str, float], ...]:
+        return self.alternatives[0] if self.alternatives else ()
+
+
+def _runners_up(fingerprint: int, position: int, chosen: str, below: float) -> tuple[tuple[str, float], ...]:
+    """`ALTERNATIVES` distinct words other than `chosen`, at log-probs `below`, `below - step`, ..."""
+    start = _hash_int(fingerprint, "alt", position) % len(_VOCABULARY)
+    rotated = (*_VOCABULARY[start:], *_VOCABULARY[:start])
+    others = [word for word in dict.fromkeys(rotated) if word != chosen][:ALTERNATIVES]
+    return tuple((word, below - ALTERNATIVE_STEP * i) for i, word in enumerate(others))
 
 
 _QUESTION = re.compile(r"what is the ([\w ]{1,80}?)\?", re.IGNORECASE)
@@ -89,11 +106,12 @@ def generate(
     filler = (_VOCABULARY[_hash_int(fingerprint, i) % len(_VOCABULARY)] for i in range(max_tokens))
     words = (*([answer] if answer else []), *filler)[:max_tokens]
     first = first_token_logprob(fingerprint, seed, counter, shift, noise_sd)
-    logprobs = (first, *(FOLLOWING_TOKEN_LOGPROB for _ in words[1:]))
+    logprobs = (first, *(FOLLOWING_TOKEN_LOGPROB for _ in words[1:]))[: len(words)]
     alternatives = tuple(
-        (_VOCABULARY[(_hash_int(fingerprint, "alt", i)) % len(_VOCABULARY)], first - 0.6 * i) for i in range(1, 6)
+        _runners_up(fingerprint, i, word, first - ALTERNATIVE_STEP if i == 0 else FOLLOWING_ALTERNATIVE_LOGPROB)
+        for i, word in enumerate(words)
     )
-    return Generation(words, logprobs[: len(words)], alternatives)
+    return Generation(words, logprobs, alternatives)
 
 
 @dataclass(frozen=True)

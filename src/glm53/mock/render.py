@@ -12,7 +12,6 @@ tests/mock/fixtures/render/).
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 from glm53.mock import openai_api
@@ -31,9 +30,7 @@ OUTPUT_KIND_DELTA = 1
 OUTPUT_KIND_FINAL_ONLY = 2
 
 
-def random_uuid() -> str:
-    """vllm 0.33.0 utils/__init__.py:11-12: 16 hex characters, the default request id."""
-    return f"{random.getrandbits(64):016x}"
+random_uuid = openai_api.random_uuid
 
 
 def sampling_params(request: openai_api.ApiRequest, max_tokens: int) -> dict[str, Any]:
@@ -71,11 +68,13 @@ def _max_tokens(body: dict[str, Any], chat: bool, prompt_tokens: int, max_model_
     return left if wanted is None else min(wanted, left)
 
 
-def render(body: Any, chat: bool, served_model: str, max_model_len: int, request_id: str | None) -> Any:
+def render(
+    body: Any, chat: bool, served_model: str, max_model_len: int, request_id: str | None, chat_template: bool = True
+) -> Any:
     """The body of a 200 answer; bad input raises `openai_api.ApiError` with the same status as generation would.
 
     `request_id` is the `X-Request-Id` header, used as vLLM does (serve/engine/serving.py:133-142)."""
-    request = openai_api.parse_request(body, chat, served_model, max_model_len)
+    request = openai_api.parse_request(body, chat, served_model, max_model_len, chat_template)
     assert isinstance(body, dict)  # parse_request refuses anything else
     tokens = list(request.prompt.tokens)
     stream_options = body.get("stream_options") if request.stream else None

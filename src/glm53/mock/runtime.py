@@ -87,6 +87,12 @@ def stop_on_signals() -> threading.Event:
     return stop
 
 
+def compact_json(payload: object) -> bytes:
+    """JSON as vLLM's server writes it: starlette's JSONResponse (`separators=(",", ":")`, `ensure_ascii=False`) and
+    pydantic's `model_dump_json` alike leave no spaces (starlette 1.10.0 responses.py:199-206, JSONResponse.render)."""
+    return json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+
+
 class JsonHandler(BaseHTTPRequestHandler):
     """Request handler base: JSON in and out, HTTP/1.1 keep-alive, and no access log on stderr."""
 
@@ -103,7 +109,7 @@ class JsonHandler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def send_json(self, status: int, payload: object) -> None:
-        self.send_body(status, json.dumps(payload).encode(), "application/json")
+        self.send_body(status, compact_json(payload), "application/json")
 
     def read_body(self) -> bytes:
         length = int(self.headers.get("Content-Length") or 0)

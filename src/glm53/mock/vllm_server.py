@@ -16,12 +16,13 @@ through; without it they answer 403, as in `vllm serve`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -35,7 +36,14 @@ from glm53.mock.engine import Engine, EngineSettings, EventSink, Outcome
 from glm53.mock.local_cache import LocalPrefixCache
 from glm53.mock.logs import VLLM_VERSION, VllmLogger
 from glm53.mock.model import ComputeCost
-from glm53.mock.runtime import JsonHandler, MockHTTPServer, bind_http, serve_in_background, stop_on_signals
+from glm53.mock.runtime import (
+    JsonHandler,
+    MockHTTPServer,
+    bind_http,
+    compact_json,
+    serve_in_background,
+    stop_on_signals,
+)
 from glm53.mock.vllm_metrics import VllmMetrics
 from glm53.profiles import ModelProfile
 
@@ -92,6 +100,38 @@ def chunk_misfit(chunk_size: int, groups: tuple[int, ...]) -> str | None:
     return None
 
 
+def engine_process_name() -> str:
+    """vllm 0.33.0 v1/engine/utils.py:289: `EngineCore`, or `EngineCore_DP<n>` with data parallelism (none here)."""
+    return "EngineCore"
+
+
+def worker_process_name(rank: int, tensor_parallel_size: int) -> str:
+    """vllm 0.33.0 v1/executor/multiproc_executor.py:1214-1229: `Worker`, plus `_TP<rank>` only when TP > 1."""
+    return f"Worker_TP{rank}" if tensor_parallel_size > 1 else "Worker"
+
+
+def system_fingerprint(config: VllmConfig) -> str:
+    """vllm 0.33.0 entrypoints/serve/utils/fingerprint.py:48-82 (mode `full`): vllm-<version>[-tp<N>]-<hash8>, the hash
+    being the first 8 hex digits of the engine config's hash; the stand-in hashes what it emulates."""
+    parts = [f"vllm-{VLLM_VERSION}"]
+    if config.tensor_parallel_size > 1:
+        parts.append(f"tp{config.tensor_parallel_size}")
+    emulated = f"{config.model}|{config.profile.name}|{config.tensor_parallel_size}|{config.max_model_len}"
+    parts.append(hashlib.sha256(emulated.encode()).hexdigest()[:8])
+    return "-".join(parts)
+
+
+def model_max_len(config: VllmConfig) -> int:
+    """The context length: `--max-model-len` when given, else the model's own, as vLLM derives it from the model's
+    config (vllm 0.33.0 config/model.py, `max_position_embeddings`): for the tiny CPU models that is their 16384
+    positions (glm53.tinymodels.MAX_POSITIONS), which the real engine serves."""
+    if "max_model_len" in config.non_default_args or config.profile.tiny_model is None:
+        return config.max_model_len
+    from glm53.tinymodels import MAX_POSITIONS
+
+    return MAX_POSITIONS
+
+
 class _Pids:
     """Made-up pids for the simulated processes, distinct per process as in a real vLLM log."""
 
@@ -119,10 +159,11 @@ class VllmServer:
         self.engine: Engine | None = None
         self.metrics: VllmMetrics | None = None
         self.api_log = VllmLogger("APIServer", _Pids.api)
-        self.engine_log = VllmLogger("EngineCore_DP0", _Pids.engine)
+        self.engine_log = VllmLogger(engine_process_name(), _Pids.engine)
+        self.fingerprint = system_fingerprint(config)
 
     def worker_log(self, rank: int) -> VllmLogger:
-        return VllmLogger(f"Worker_TP{rank}", _Pids.worker(rank))
+        return VllmLogger(worker_process_name(rank, self.config.tensor_parallel_size), _Pids.worker(rank))
 
     def server_lost(self, error: Glm53Error) -> None:
         """Called by the engine when LMCache stops answering: report once, then stop serving."""
@@ -147,7 +188,7 @@ class VllmServer:
     def start_engine(self) -> bool:
         """Load, connect to LMCache and build the engine; False if a stop signal came first."""
         c, p = self.config, self.config.profile
-        self.api_log.info(logs.BANNER, "vLLM server version %s, serving model %s", VLLM_VERSION, c.model)
+        self.api_log.info(logs.BANNER, logs.banner_format(os.environ), VLLM_VERSION, c.model)
         self.api_log.info(logs.NON_DEFAULT_ARGS, "non-default args: %s", c.non_default_args)
         prefix_caching = c.enable_prefix_caching
         if prefix_caching is None:
@@ -233,9 +274,55 @@ class VllmServer:
         return kv_events.KVEventPublisher(self.config.kv_events)
 
 
+# What FastAPI reads as true in a `bool` query parameter (pydantic's bool parsing), e.g. `?reset_external=1`.
+QUERY_TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
+# The routes the stand-in serves and their methods; another method on one of these paths is a 405, as in FastAPI.
+ROUTES: dict[str, frozenset[str]] = {
+    "/health": frozenset({"GET"}),
+    "/v1/models": frozenset({"GET"}),
+    "/reset_prefix_cache": frozenset({"POST"}),  # only in dev mode (entrypoints/serve/dev/cache/api_router.py:20)
+    "/v1/completions": frozenset({"POST"}),
+    "/v1/chat/completions": frozenset({"POST"}),
+    "/v1/completions/render": frozenset({"POST"}),
+    "/v1/chat/completions/render": frozenset({"POST"}),
+}
+
+
+def model_card(config: VllmConfig) -> dict[str, Any]:
+    """`GET /v1/models`'s entry: vllm 0.33.0 entrypoints/serve/engine/protocol.py:88-113 (ModelCard, ModelPermission,
+    every field dumped); `root` is the served model as given (the model id, or the directory the real engine gets)."""
+    created = int(time.time())
+    permission = {
+        "id": f"modelperm-{openai_api.random_uuid()}",
+        "object": "model_permission",
+        "created": created,
+        "allow_create_engine": False,
+        "allow_sampling": True,
+        "allow_logprobs": True,
+        "allow_search_indices": False,
+        "allow_view": True,
+        "allow_fine_tuning": False,
+        "organization": "*",
+        "group": None,
+        "is_blocking": False,
+    }
+    return {
+        "id": config.served_model_name,
+        "object": "model",
+        "created": created,
+        "owned_by": "vllm",
+        "root": config.model,
+        "parent": None,
+        "max_model_len": config.max_model_len,
+        "permission": [permission],
+    }
+
+
 def _handler(server: VllmServer) -> type[JsonHandler]:
     dev_mode = os.environ.get(DEV_MODE_ENV) == "1"
     config = server.config
+    # The tiny CPU models' tokenizers have no chat template (glm53.tinymodels), so the real engine refuses chat there.
+    chat_template = config.profile.tiny_model is None
 
     class Handler(JsonHandler):
         def _route(self) -> tuple[str, dict[str, list[str]]]:
@@ -248,23 +335,35 @@ def _handler(server: VllmServer) -> type[JsonHandler]:
             self.send_json(503, {"error": {"message": "the engine is not serving", "code": 503}})
             return True
 
+        def _wrong_method(self, path: str, method: str) -> bool:
+            """FastAPI's answer to a route's path with another method: 405 `{"detail":"Method Not Allowed"}` and an
+            Allow header (starlette 1.10.0 routing.py:280-286 raises it, fastapi exception_handlers.py:11-17 body)."""
+            allowed = ROUTES.get(path)
+            if path == "/reset_prefix_cache" and not dev_mode:
+                allowed = None
+            if allowed is None or method in allowed:
+                return False
+            self.send_response(405)
+            body = compact_json({"detail": "Method Not Allowed"})
+            self.send_header("Allow", ", ".join(sorted(allowed)))
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return True
+
         def do_GET(self) -> None:
             path, _ = self._route()
-            if self._not_ready():
+            if self._not_ready() or self._wrong_method(path, "GET"):
                 return
             assert server.metrics is not None
             if path == "/health":
-                self.send_body(200, b"", "application/json")
+                # vllm 0.33.0 entrypoints/serve/instrumentator/health.py:22-31: a bare Response, no Content-Type.
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
             elif path == "/v1/models":
-                card = {
-                    "id": config.served_model_name,
-                    "object": "model",
-                    "created": int(time.time()),
-                    "owned_by": "vllm",
-                    "root": config.model,
-                    "max_model_len": config.max_model_len,
-                }
-                self.send_json(200, {"object": "list", "data": [card]})
+                self.send_json(200, {"object": "list", "data": [model_card(config)]})
             elif path == "/metrics":
                 self.send_body(200, generate_latest(server.metrics.registry), CONTENT_TYPE_LATEST)
             else:
@@ -273,15 +372,14 @@ def _handler(server: VllmServer) -> type[JsonHandler]:
         def do_POST(self) -> None:
             path, query = self._route()
             body = self.read_body()
+            if self._not_ready() or self._wrong_method(path, "POST"):
+                return
             if path == "/reset_prefix_cache" and dev_mode:
-                if not self._not_ready():
-                    self._reset(query)
+                self._reset(query)
             elif path in ("/v1/completions", "/v1/chat/completions"):
-                if not self._not_ready():
-                    self._complete(body, chat=path.endswith("chat/completions"))
+                self._complete(body, chat=path.endswith("chat/completions"))
             elif path in ("/v1/completions/render", "/v1/chat/completions/render"):
-                if not self._not_ready():
-                    self._render(body, chat=path.startswith("/v1/chat/"))
+                self._render(body, chat=path.startswith("/v1/chat/"))
             else:
                 self.send_json(404, {"detail": "Not Found"})
 
@@ -289,7 +387,7 @@ def _handler(server: VllmServer) -> type[JsonHandler]:
             assert server.engine is not None
             server.api_log.info(logs.RESET, "Resetting prefix cache...")
             server.engine.reset_local()
-            external = query.get("reset_external", ["false"])[0].lower() == "true"
+            external = query.get("reset_external", ["false"])[0].lower() in QUERY_TRUE
             success = server.engine.reset_external() if external else True
             self.send_json(200, {"success": success})
 
@@ -298,7 +396,12 @@ def _handler(server: VllmServer) -> type[JsonHandler]:
                 if not config.enable_scale_out:
                     raise render.SCALE_OUT_DISABLED
                 rendered = render.render(
-                    _json(body), chat, config.served_model_name, config.max_model_len, self.headers.get("X-Request-Id")
+                    _json(body),
+                    chat,
+                    config.served_model_name,
+                    config.max_model_len,
+                    self.headers.get("X-Request-Id"),
+                    chat_template,
                 )
             except openai_api.ApiError as error:
                 self.send_json(error.status, error.body())
@@ -308,7 +411,9 @@ def _handler(server: VllmServer) -> type[JsonHandler]:
         def _complete(self, body: bytes, chat: bool) -> None:
             assert server.engine is not None
             try:
-                request = openai_api.parse_request(_json(body), chat, config.served_model_name, config.max_model_len)
+                request = openai_api.parse_request(
+                    _json(body), chat, config.served_model_name, config.max_model_len, chat_template
+                )
             except openai_api.ApiError as error:
                 self.send_json(error.status, error.body())
                 return
@@ -316,7 +421,7 @@ def _handler(server: VllmServer) -> type[JsonHandler]:
                 if not request.stream:
                     outcome = server.engine.run(request.prompt)
                     details = config.enable_prompt_tokens_details
-                    self.send_json(200, openai_api.response(request, outcome, details))
+                    self.send_json(200, openai_api.response(request, outcome, details, server.fingerprint))
                     return
                 self._stream(request)
             except Glm53Error as error:
@@ -333,7 +438,8 @@ def _handler(server: VllmServer) -> type[JsonHandler]:
                     self.send_header("Content-Type", "text/event-stream")
                     self.send_header("Connection", "close")
                     self.end_headers()
-                    events.extend(openai_api.stream_events(request, outcome, config.enable_prompt_tokens_details))
+                    details = config.enable_prompt_tokens_details
+                    events.extend(openai_api.stream_events(request, outcome, details, server.fingerprint))
                 self._event(events[index])
 
             outcome = server.engine.run(request.prompt, on_token)
@@ -342,7 +448,7 @@ def _handler(server: VllmServer) -> type[JsonHandler]:
             self.wfile.write(b"data: [DONE]\n\n")
 
         def _event(self, payload: dict[str, Any]) -> None:
-            self.wfile.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
+            self.wfile.write(b"data: " + compact_json(payload) + b"\n\n")
             self.wfile.flush()
 
     return Handler
@@ -358,6 +464,7 @@ def _json(body: bytes) -> Any:
 def serve(config: VllmConfig) -> int:
     if config.load_seconds < 0:
         raise Glm53Error(f"--load-seconds must be >= 0, got {config.load_seconds}")
+    config = replace(config, max_model_len=model_max_len(config))
     server = VllmServer(config)
     signalled = stop_on_signals()
 
