@@ -203,6 +203,21 @@ def test_recovery_mismatch_fault_fails_with_a_strict_prefix_violation(tmp_path: 
     assert result.stdout.splitlines()[-1].startswith("pod: FAIL in ")
 
 
+def test_corrupt_restore_fault_fails_continuations_and_mixed_while_the_counters_look_right(
+    tmp_path: Path, marker: str
+) -> None:
+    """The stand-in restores the wrong state (what LMCache's CPU path does to a hybrid): every check that compares
+    outputs names the divergence; the boundary check, which counts tokens, passes."""
+    result = run_pod_cli("--fault", "corrupt-restore", "--validate", "--runs 8", "--workdir", str(tmp_path))
+    assert result.returncode == 1, result.stdout + result.stderr
+    out = result.stdout
+    assert "boundary [pass]" in out
+    for check in ("equivalence", "continuations", "mixed"):
+        assert f"{check} [FAIL]" in out
+    assert "  - continuations: reloaded continuations agree with their cold control on " in out
+    assert "— the mixed restore of LMCache issue #4247" in out
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM])  # SIGINT takes the same path (both raise KeyboardInterrupt)
 def test_interrupted_pod_leaves_no_process(signum: int, tmp_path: Path, marker: str) -> None:
     # Wait until both servers run and validation has begun.

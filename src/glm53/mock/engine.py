@@ -13,7 +13,9 @@ Everything else (chunk hashing, which chunks exist, eviction, the `lmcache_mp_*`
 After prefill the prompt's whole chunks beyond what LMCache already held are stored.
 The `recovery-mismatch` fault drops the last-token reservation (seed 004): a hybrid prompt of exactly k*C tokens then
 loads k*C-1 tokens, more than the strict-prefix bound (k-1)*C, and its first-token log-prob shifts, as a recurrent
-state restored for the whole prompt while vLLM recomputes the last token would.
+state restored for the whole prompt while vLLM recomputes the last token would. The `corrupt-restore` fault restores
+the wrong state: every request that loaded tokens from LMCache continues as if from another prefix (its first-token
+log-prob shifts and its words change), while every hit counter stays right; validation must name the divergence.
 """
 
 from __future__ import annotations
@@ -31,7 +33,10 @@ from glm53.mock.local_cache import LocalPrefixCache, block_hashes
 from glm53.mock.vllm_metrics import VllmMetrics
 
 RECOVERY_MISMATCH = "recovery-mismatch"
-FAULTS = (RECOVERY_MISMATCH,)
+# Restored state that is wrong while every counter is right (what LMCache 0.5.6's CPU path does to a hybrid's
+# linear-attention state): a request that loaded anything from LMCache continues from another prefix's state.
+CORRUPT_RESTORE = "corrupt-restore"
+FAULTS = (RECOVERY_MISMATCH, CORRUPT_RESTORE)
 
 
 def lookup_tokens(prompt_tokens: int, reserve_last_token: bool) -> int:
@@ -145,8 +150,11 @@ class Engine:
                 self._on_server_lost(error)
                 raise
             shift = model.RECOVERY_MISMATCH_SHIFT if s.fault == RECOVERY_MISMATCH and lmcache_hit >= length else 0.0
+            state = prompt.tokens
+            if s.fault == CORRUPT_RESTORE and external_hit > 0:
+                shift, state = model.CORRUPT_RESTORE_SHIFT, (*prompt.tokens, model.WRONG_STATE_TOKEN)
             generation = model.generate(
-                prompt.tokens, prompt.max_tokens, s.seed, self.requests, shift, s.noise_sd, prompt.answer
+                state, prompt.max_tokens, s.seed, self.requests, shift, s.noise_sd, prompt.answer
             )
             self._cache_locally(prompt, hashes)
             self._record_prefill(length, local_hit, external_hit, ttft)

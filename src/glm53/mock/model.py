@@ -24,6 +24,10 @@ BASE_SPREAD = 0.04  # prompt-dependent offset range around the base
 NOISE_SD = 0.05
 # The first-token log-prob shift of a request whose full prompt was restored from the cache under the fault.
 RECOVERY_MISMATCH_SHIFT = -0.4
+# The corrupt-restore fault: the first-token log-prob shift, and the token that makes the restored "state" another
+# prefix's (so the words differ from the first on).
+CORRUPT_RESTORE_SHIFT = -0.5
+WRONG_STATE_TOKEN = -1
 FOLLOWING_TOKEN_LOGPROB = -0.08
 # The runners-up at each position (what `logprobs=N` lists after the chosen token), each less likely than the last:
 # at the first position from just below the chosen token's log-prob, later from where the little left fits.
