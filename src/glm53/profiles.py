@@ -9,6 +9,7 @@ the chart refuses to rely on it without an explicit opt-in.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -302,14 +303,15 @@ _TINY_DENSE = ModelProfile(
     notes=("A CPU test model: it proves the cache path, not GLM-5.3's kernels or quality.",),
 )
 
-_TINY_HYBRID = ModelProfile(
+# The tiny hybrid shares every fact of the tiny dense model but its shape, geometry and chunk size.
+_TINY_HYBRID = dataclasses.replace(
+    _TINY_DENSE,
     name="tiny-hybrid",
     model_id="glm53/tiny-hybrid",
     display_name="tiny hybrid (CPU test model)",
     architecture="Qwen3NextForCausalLM",
     num_layers=4,
     layer_mix=MappingProxyType({"gated_delta_net_linear_attention": 3, "attention": 1}),
-    tensor_parallel_size=1,
     groups=(
         *(
             CacheGroup(LINEAR_ATTENTION_STATE, None, f"linear-attention state group {i} (one of three)")
@@ -321,16 +323,7 @@ _TINY_HYBRID = ModelProfile(
     strict_prefix=True,
     recommended_chunk_size=1152,
     validated_chunk_sizes=(1152,),
-    prefix_caching_required=True,
     separate_object_groups_required=True,
-    kv_cache_dtype="auto",
-    fp8_kv_cache_hopper=None,
-    batch_invariant=None,
-    bit_exact_outputs=True,
-    text_only_flag=_NO_EXTRAS,
-    serving_extras=(),
-    mtp_speculative_tokens=1,
-    mtp_validated_with_lmcache=False,
     tiny_model=TinyModel(
         shape="hybrid",
         engine_flags=(
@@ -341,8 +334,6 @@ _TINY_HYBRID = ModelProfile(
             _TINY_MAX_MODEL_LEN,
         ),
     ),
-    answers_questions=False,
-    prompt_token_ids=(8, 4096),
     basis=MappingProxyType(
         {
             "groups": f"{_TINY_BASIS}: four groups of N, like GLM-5.3-Flash's state and attention groups",
