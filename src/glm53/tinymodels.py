@@ -169,7 +169,7 @@ def train_tokenizer(directory: Path) -> None:
     (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
 
 
-def _scaled(model: Any, shape: TinyShape) -> None:
+def _scaled(model: Any) -> None:
     """Give the random weights memory and peaked logits (see the module docstring for why)."""
     import torch
 
@@ -185,7 +185,6 @@ def _scaled(model: Any, shape: TinyShape) -> None:
                 parameter.mul_(12.0)
             elif name.endswith("embed_tokens.weight"):
                 parameter.mul_(4.0)
-    del shape  # every shape scales the same parameters; kept as an argument for the caller's symmetry
 
 
 def write_weights(directory: Path, shape: TinyShape) -> None:
@@ -198,7 +197,7 @@ def write_weights(directory: Path, shape: TinyShape) -> None:
     torch.manual_seed(SEED)
     model_class: Callable[..., Any] = getattr(transformers, shape.architecture)
     model = model_class(config)
-    _scaled(model, shape)
+    _scaled(model)
     model = model.to(torch.bfloat16)
     model.save_pretrained(str(directory), safe_serialization=True)
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -55,7 +54,6 @@ def main(argv: Sequence[str]) -> int:
     sizes = sum((args.out / name).stat().st_size for name in manifest)
     print(
         f"glm53 tiny-model: {shape.name} ({shape.architecture}) in {args.out}: {len(manifest)} files, "
-        f"{sizes / 2**20:.1f} MiB, weights sha256 {manifest['model.safetensors'][:16]}",
-        file=sys.stdout,
+        f"{sizes / 2**20:.1f} MiB, weights sha256 {manifest['model.safetensors'][:16]}"
     )
     return EXIT_OK
