@@ -8,6 +8,7 @@ place can be named in an assertion (the runner's `relocation_for` only picks fre
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from glm53.loopback import (
     listening_ports,
     relocate,
     relocation_for,
+    remove_stale_kv_segments,
     service_url_on_loopback,
 )
 from glm53.pod import PodOptions, render_plans
@@ -244,3 +246,15 @@ def test_the_main_job_runs_what_the_charts_helpers_say(tmp_path: Path) -> None:
     assert f"unrecognized arguments: {UNKNOWN_FLAG}" in (workdir / "containers" / "lmcache.log").read_text()
     # The sidecar never passed its startup probe, so the engine never started.
     assert not (workdir / "containers" / "vllm.log").exists()
+
+
+def test_only_fresh_kv_segments_of_dead_processes_are_removed(tmp_path: Path) -> None:
+    """LMCache leaves `lmcache_kv_<pid>_<n>` behind a stopped engine; a live pod's stay, and so do old ones."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    names = [f"lmcache_kv_{dead_pid}_0", f"lmcache_kv_{os.getpid()}_0", f"lmcache_kv_{dead_pid}_1", "psm_1"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"kv")
+    os.utime(tmp_path / names[2], (1.0, 1.0))  # from before the pod started
+    assert remove_stale_kv_segments(tmp_path, since=1000.0) == [names[0]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[1:])
