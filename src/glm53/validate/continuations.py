@@ -110,8 +110,7 @@ def check_continuations(
     bit_exact: bool,
     id_range: tuple[int, int],
 ) -> ContinuationsResult:
-    if pairs < len(TEMPLATES):
-        raise Glm53Error(f"--pairs must be at least {len(TEMPLATES)} (one per template), got {pairs}")
+    """`pairs` prompts, cycling through the templates (ValidationConfig refuses fewer than one per template)."""
     shape = Shape(max_tokens=tokens, logprobs=1)
     length = prompt_length(chunk_size)
     results = []
