@@ -3,38 +3,46 @@
 # The GPU proof on one Hopper GPU (H200): build LMCache 0.5.6 from its sdist with the serving image's recipe
 # (docker/vllm-lmcache/build-lmcache.sh, timed), verify it (verify_lmcache.py), run LMCache's own kernel tests from the
 # sdist, check its cuda_ops copy kernel against a PyTorch reference, run CUDA IPC into the real `lmcache server` across
-# processes with KV tensors shaped like both models' cache groups (store, lookup, retrieve, compare bytes, GB/s beside a
-# pinned cudaMemcpy), and run `glm53 probe startup` on the server's GPU-mode logs. benchmarks/gpu_proof.py does the
-# GPU work; this script installs, builds and sequences. Every stage runs even if an earlier independent one failed;
-# the exit status is non-zero when any stage failed.
+# processes with KV tensors shaped like both models' cache groups and vLLM's align-mode block ids (store, lookup,
+# retrieve, compare bytes; per-request phases and GB/s against chunks per request, beside a pinned cudaMemcpy), run N
+# TP-rank processes sharing the GPU against the pod's server (and one server per rank), and run `glm53 probe startup`
+# on the server's GPU-mode logs. benchmarks/gpu_proof.py does the GPU work; this script installs, builds and
+# sequences. Every stage runs even if an earlier independent one failed; the exit status is non-zero when any stage
+# failed. docs/gpu-transfer.md holds the results of the transfer stages.
 #
-# Works offline (a lent GPU host reaches no package index): everything comes from a carry folder:
+# Works offline (a lent GPU host reaches no package index): everything comes from a carry folder, which
+# scripts/gpu-proof-carry.sh fills on a machine with the package index:
 #   CARRY/sdist/lmcache-0.5.6.tar.gz   the LMCache sdist (`pip download --no-deps --no-binary lmcache lmcache==0.5.6`)
-#   CARRY/wheels/*.whl                 docker/vllm-lmcache/build-requirements.txt and their dependencies
-#   CARRY/rt/*.whl                     LMCache's runtime dependencies the host lacks (installed with --no-deps)
+#   CARRY/wheels/*.whl                 docker/vllm-lmcache/build-requirements.txt and their dependencies (less rt/'s)
+#   CARRY/rt/*.whl                     LMCache's runtime dependencies the host lacks (scripts/gpu-proof-rt.txt;
+#                                      installed with --no-deps; also searched by the build)
 #
 # Usage: scripts/gpu-proof.sh [--dry-run] [--carry DIR] [--out DIR] [--python PY] [--lmcache-wheel WHL]
-#                             [--stages LIST] [--max-jobs N] [--case PROFILE@CHUNK]... [--chunks N] [--reps N]
-#                             [--l1-size-gb G] [--time-budget S]
+#                             [--stages LIST] [--max-jobs N] [--case PROFILE@CHUNK[:COUNTS]]... [--chunks LIST]
+#                             [--reps N] [--l1-size-gb G] [--all-real-at N] [--tp-case PROFILE@CHUNK]...
+#                             [--ranks LIST] [--layouts LIST] [--tp-chunks N] [--tp-reps N] [--server-arg FLAG]...
+#                             [--time-budget S]
 #   --dry-run        check the inputs and print the plan; needs no GPU, compiler or LMCache (CI runs this)
 #   --carry DIR      the carry folder (default .gpuproof)
-#   --out DIR        results: summary.txt, kernels.json, ipc.json, the wheel, lmcache-build.json, logs.tar.gz
-#                    (default $OUT when set, else artifacts/gpu-proof)
+#   --out DIR        results: summary.txt, kernels.json, ipc.json, tp.json, the wheel, lmcache-build.json,
+#                    logs.tar.gz (default $OUT when set, else artifacts/gpu-proof)
 #   --python PY      the interpreter whose environment holds the target torch (default python3)
 #   --lmcache-wheel  install this LMCache wheel instead of building (skips the build stage)
-#   --stages LIST    comma-separated subset of: machine,build,deps,install,kernels,ipc,probe,lmcache-tests (default
-#                    all, in this order: the build and its verification run before LMCache's runtime dependencies
-#                    are installed, as in the image's build stage; LMCache's own kernel tests run last, in the time
-#                    left)
+#   --stages LIST    comma-separated subset of: machine,build,deps,install,kernels,ipc,tp,probe,lmcache-tests
+#                    (default all, in this order: the build and its verification run before LMCache's runtime
+#                    dependencies are installed, as in the image's build stage; LMCache's own kernel tests run last,
+#                    in the time left)
 #   --time-budget S  seconds the whole run may take (default 560: a lent GPU host's commands end at 10 minutes)
 #   --max-jobs N     parallel compile jobs (default: all cores)
-#   --case/--chunks/--reps/--l1-size-gb   passed to benchmarks/gpu_proof.py (see its --help)
+#   --case/--chunks/--reps/--l1-size-gb/--all-real-at   passed to `benchmarks/gpu_proof.py ipc` (see its --help)
+#   --tp-case/--ranks/--layouts/--tp-chunks/--tp-reps   passed to `benchmarks/gpu_proof.py tp`
+#   --server-arg FLAG  a server flag beyond the chart's sidecar flags, for both (experiments: --max-gpu-workers=8)
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
 prog="gpu-proof"
-all_stages="machine,build,deps,install,kernels,ipc,probe,lmcache-tests"
+all_stages="machine,build,deps,install,kernels,ipc,tp,probe,lmcache-tests"
 
 dry_run=0
 carry=".gpuproof"
@@ -45,6 +53,8 @@ stages="$all_stages"
 max_jobs="$(nproc)"
 time_budget=560
 bench_args=()
+tp_args=()
+server_args=()
 
 fail() {
     echo "$prog: error: $*" >&2
@@ -71,7 +81,9 @@ while [ $# -gt 0 ]; do
         --stages) need_value "$@"; stages="$2"; shift 2 ;;
         --max-jobs) need_value "$@"; max_jobs="$2"; shift 2 ;;
         --time-budget) need_value "$@"; time_budget="$2"; shift 2 ;;
-        --case | --chunks | --reps | --l1-size-gb) need_value "$@"; bench_args+=("$1" "$2"); shift 2 ;;
+        --case | --chunks | --reps | --l1-size-gb | --all-real-at) need_value "$@"; bench_args+=("$1" "$2"); shift 2 ;;
+        --tp-case | --ranks | --layouts | --tp-chunks | --tp-reps) need_value "$@"; tp_args+=("$1" "$2"); shift 2 ;;
+        --server-arg) need_value "$@"; server_args+=("--server-arg=$2"); shift 2 ;;
         -h | --help) usage; exit 0 ;;
         *) fail "unknown argument '$1'; see --help." ;;
     esac
@@ -103,16 +115,19 @@ if wants deps; then
     compgen -G "$carry/rt/*.whl" >/dev/null || fail "expected LMCache's runtime wheels in $carry/rt but found none."
 fi
 # The geometry is validated (and printed) by the same code that runs it.
-plan="$("$python" benchmarks/gpu_proof.py plan "${bench_args[@]}")" || fail "the benchmark plan is invalid (above)."
+plan="$("$python" benchmarks/gpu_proof.py plan "${bench_args[@]}" "${tp_args[@]}" "${server_args[@]}")" \
+    || fail "the benchmark plan is invalid (above)."
 
 ipc_dir_name="ipc"
+tp_dir_name="tp"
 step_lines=(
     "machine        nvidia-smi, nvcc, gcc-12, $python + torch versions, cores, memory"
-    "build          docker/vllm-lmcache/build-lmcache.sh --source $sdist --arch-list 9.0 --max-jobs $max_jobs (timed; build deps: PIP_FIND_LINKS=$carry/wheels)"
+    "build          docker/vllm-lmcache/build-lmcache.sh --source $sdist --arch-list 9.0 --max-jobs $max_jobs (timed; build deps: PIP_FIND_LINKS=$carry/wheels $carry/rt)"
     "deps           pip install --no-index --no-deps $carry/rt/*.whl (LMCache's runtime dependencies)"
     "install        pip install --no-deps the built wheel${wheel:+ ($wheel)}; verify_lmcache.py --import-package"
     "kernels        benchmarks/gpu_proof.py kernels (cuda_ops vs LMCache's PyTorch fallback and a gather)"
-    "ipc            benchmarks/gpu_proof.py ipc --device cuda (real lmcache server, CUDA IPC, GB/s, pinned memcpy)"
+    "ipc            benchmarks/gpu_proof.py ipc --device cuda (real lmcache server, CUDA IPC, align-mode block ids, phases, GB/s by chunks per request, pinned memcpy)"
+    "tp             benchmarks/gpu_proof.py tp --device cuda (N rank processes sharing the GPU: the pod's server or one per rank; aggregate GB/s, N pinned copies, server CPU, p50/p99)"
     "probe          glm53 probe startup on each GPU-mode server log (+ the profile's example vllm.log)"
     "lmcache-tests  pytest tests/v1/test_mp_mem_kernels.py tests/v1/test_mem_kernels.py from the sdist (time left)"
 )
@@ -176,7 +191,8 @@ stage_deps() {
 }
 
 stage_build() {
-    PIP_NO_INDEX=1 PIP_FIND_LINKS="$(cd "$carry/wheels" && pwd)" \
+    # pip splits a multi-valued option from the environment on whitespace: both folders are searched.
+    PIP_NO_INDEX=1 PIP_FIND_LINKS="$(cd "$carry/wheels" && pwd) $(cd "$carry/rt" && pwd)" \
         bash docker/vllm-lmcache/build-lmcache.sh --source "$sdist" --python "$python" --wheel-dir "$out" \
         --arch-list 9.0 --max-jobs "$max_jobs"
 }
@@ -211,8 +227,25 @@ stage_kernels() {
     "$python" benchmarks/gpu_proof.py kernels --out "$out"
 }
 
+# Each transfer stage gets the time left, less what the later stages need to report.
+time_left() {
+    echo $((time_budget - SECONDS - $1))
+}
+
 stage_ipc() {
-    timeout 420 "$python" benchmarks/gpu_proof.py ipc --device cuda --out "$work/$ipc_dir_name" "${bench_args[@]}"
+    local left
+    left="$(time_left 25)"
+    [ "$left" -ge 30 ] || { echo "skipped: only ${left}s of the ${time_budget}s budget left"; return 1; }
+    PYTHONUNBUFFERED=1 timeout "$left" "$python" benchmarks/gpu_proof.py ipc --device cuda --out "$work/$ipc_dir_name" \
+        "${bench_args[@]}" "${server_args[@]}"
+}
+
+stage_tp() {
+    local left
+    left="$(time_left 20)"
+    [ "$left" -ge 30 ] || { echo "skipped: only ${left}s of the ${time_budget}s budget left"; return 1; }
+    PYTHONUNBUFFERED=1 timeout "$left" "$python" benchmarks/gpu_proof.py tp --device cuda --out "$work/$tp_dir_name" \
+        "${tp_args[@]}" "${server_args[@]}"
 }
 
 # The probe reads the real GPU-mode server log beside the profile's example vLLM log (no vLLM runs here): it must
@@ -239,13 +272,23 @@ stage_probe() {
     return "$all"
 }
 
-for stage in machine build deps install kernels ipc probe lmcache-tests; do
+for stage in machine build deps install kernels ipc tp probe lmcache-tests; do
     wants "$stage" || continue
     run_stage "$stage" "stage_${stage//-/_}" || true
 done
 
 [ -f "$work/$ipc_dir_name/ipc.json" ] && cp "$work/$ipc_dir_name/ipc.json" "$out/"
-cp "$work/$ipc_dir_name"/lmcache-server-*.log "$logs/" 2>/dev/null || true
+[ -f "$work/$tp_dir_name/tp.json" ] && cp "$work/$tp_dir_name/tp.json" "$out/"
+cp "$work/$ipc_dir_name"/lmcache-server-*.log "$work/$ipc_dir_name"/*.phases.jsonl "$logs/" 2>/dev/null || true
+mkdir -p "$logs/tp"
+cp "$work/$tp_dir_name"/tp-* "$logs/tp/" 2>/dev/null || true
+# The tables the benchmark prints last, in the summary (the JSON reports hold every number).
+for table in "$out/kernels.txt" "$work/$ipc_dir_name/ipc.txt" "$work/$tp_dir_name/tp.txt"; do
+    if [ -f "$table" ]; then
+        cat "$table" >>"$summary"
+    fi
+done
+rm -f "$out/kernels.txt"
 tar -czf "$out/logs.tar.gz" -C "$work" logs
 rm -rf "$work"
 echo "== $prog: summary ($out)"

@@ -8,7 +8,7 @@ the command's own progress lines (`validate: connecting to ...`); `SystemExit` m
 
 Commands that serve until stopped never get a usable port: the mock servers and the exporter run as subprocesses with
 every port option set to an impossible value (a run that outlives its timeout is a finding: some value was accepted
-that should not be); `pod` and `fleet` always get an invalid `--profile` (so only their argument parsing is covered);
+that should not be); `pod`, `fleet` and `faults` always get an invalid `--profile` (so only their argument parsing is covered);
 `kind-smoke` always runs with `--dry-run`.
 """
 
@@ -205,6 +205,7 @@ def _check(argv: list[str], code: int, stderr: str) -> None:
 FORCED: dict[tuple[str, ...], list[str]] = {
     ("pod",): ["--profile", "nan"],
     ("fleet",): ["--profile", "nan"],
+    ("faults",): ["--profile", "nan"],
     ("kind-smoke",): ["--dry-run"],
 }
 

@@ -82,6 +82,7 @@ def test_relocate_moves_ports_as_flag_values_urls_and_json(mock_pod: PodPlan, tm
         "lmcache.mp.host": "tcp://127.0.0.1",
         "lmcache.mp.port": 15555,
         "lmcache.mp.mp_transfer_mode": "lmcache_driven",  # mock mode: LMCache's CPU path (POSIX SHM)
+        "lmcache.mp.heartbeat_interval": 10,  # not a port: left alone
     }
     assert (exporter.option("--port"), exporter.port("metrics")) == ("19400", 19400)
     assert exporter.option("--vllm-url") == "http://127.0.0.1:18000"

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from glm53.errors import Glm53Error
+from glm53.lifecycle import kubelet
 from glm53.loopback import EXIT_NOT_READY, RunningPod, free_ports, quiet, relocation_for, running_pod
 from glm53.pod import (
     PodAddresses,
@@ -320,24 +322,29 @@ def test_dev_mode_off_is_one_line(tmp_path: Path, marker: str) -> None:
     assert stdout == ""
 
 
-def test_lmcache_killed_mid_run_fails_clearly_without_hanging(tmp_path: Path, marker: str) -> None:
-    """The sidecar dies: the next request fails within the engine's RPC deadline and the engine exits, naming it."""
-    with started(tmp_path) as pod:
-        run = validate(pod, "--checks", "equivalence,boundary", "--runs", "8", "--timeout", "30")
+def test_lmcache_killed_mid_run_the_stand_in_serves_on_and_registers_again(tmp_path: Path, marker: str) -> None:
+    """The sidecar dies mid-validation and the kubelet starts it again (held back 25 s): the stand-in, like vLLM with
+    LMCache's connector, keeps serving in degraded mode (LMCache's own adapters), registers its KV caches with the
+    new server, and validation finishes instead of hanging."""
+    with started(tmp_path) as pod, kubelet(pod, lambda _: None) as loop:
+        run = validate(pod, "--checks", "equivalence,boundary", "--runs", "4", "--timeout", "60")
         assert run.stderr is not None
         for line in run.stderr:
-            if line.startswith("equivalence: cold run 1/8"):
+            if line.startswith("equivalence: cold run 1/4"):
                 os.killpg(pod.process("lmcache").process.pid, signal.SIGKILL)
                 break
-        stdout, stderr = run.communicate(timeout=120)
-        assert pod.process("vllm").process.wait(timeout=60) == 1
-        with pytest.raises(Glm53Error) as caught:
-            pod.check_running()
-    assert run.returncode != 0, stdout
-    assert "the LMCache MP server at 'tcp://127.0.0.1:" in stderr.splitlines()[-1]
-    assert caught.value.message.startswith("lmcache exited with status -9")
-    vllm_log = (tmp_path / "logs" / "vllm.log").read_text().splitlines()
-    assert any(line.startswith("glm53 mock: error: the LMCache MP server at 'tcp://127.0.0.1:") for line in vllm_log)
+        run.communicate(timeout=600)
+        vllm_log = tmp_path / "logs" / "vllm.log"
+        deadline = time.monotonic() + 240  # the restart is held 25 s, then the server starts (up to a minute here)
+        while "Finished re-registering KV caches" not in vllm_log.read_text() and time.monotonic() < deadline:
+            time.sleep(1)
+        assert pod.process("vllm").process.poll() is None  # the engine never exited
+        health = urllib.request.urlopen(f"{PodAddresses.of(pod.plan).vllm}/health", timeout=10)
+        assert health.status == 200
+        assert [e.container for e in loop.restarts] == ["lmcache"]
+    text = vllm_log.read_text()
+    assert "LMCache server is unhealthy" in text and "Finished re-registering KV caches" in text
+    assert "holding 25 s" in (tmp_path / "logs" / "lmcache.log").read_text()
 
 
 @pytest.mark.parametrize(

@@ -139,7 +139,8 @@ def test_served_argv_is_what_follows_the_supervisors_separator(mock_pod: PodPlan
     served = sidecar.served_argv
     assert served[:2] == ("lmcache", "server")
     assert sidecar.argv[-len(served) :] == served
-    assert sidecar.argv[: -len(served)] == (*SUPERVISOR, "--log", "/var/log/glm53/lmcache.log", "--")
+    hold = ("--hold-after-restart", "25")
+    assert sidecar.argv[: -len(served)] == (*SUPERVISOR, "--log", "/var/log/glm53/lmcache.log", *hold, "--")
     assert mock_pod.container("vllm").served_argv[:3] == ("glm53", "mock", "vllm")
 
 

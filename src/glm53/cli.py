@@ -30,9 +30,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "supervise": ("glm53.commands.supervise", "container entrypoint: run a server, tee and rotate its log"),
     "validate": ("glm53.commands.validate", "cold-versus-cached validation protocol against a deployment"),
     "pod": ("glm53.commands.pod", "run the CPU-mock pod on this machine and validate it (the README's main job)"),
+    "faults": ("glm53.commands.faults", "hurt the CPU pod's LMCache sidecar under load; count what was lost"),
     "fleet": ("glm53.commands.fleet", "run N CPU-mock pods behind the real vllm-router and validate through it"),
     "exporter": ("glm53.commands.exporter", "Prometheus exporter joining log facts with vLLM and LMCache metrics"),
     "tiny-model": ("glm53.commands.tiny_model", "make a tiny CPU test model for the real vLLM engine (no download)"),
+    "stage-weights": ("glm53.commands.stage_weights", "stage a model's weights before the engine starts (resumable)"),
     "kind-smoke": ("glm53.commands.kind_smoke", "kind-cluster smoke test of the chart in CPU-mock mode"),
 }
 

@@ -38,3 +38,14 @@ def positive_float(text: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
     return value
+
+
+def non_negative_float(text: str) -> float:
+    """An argparse type: a finite number of zero or more (`nan`, `inf` and negatives are refused, value named)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number of zero or more, got {text!r}")
+    return value

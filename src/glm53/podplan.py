@@ -2,7 +2,7 @@
 
 Why: the pod is defined once, by the chart (`charts/glm53`, mock mode on CPU). This module turns the rendered
 Deployment into frozen records (containers in the kubelet's start order, native sidecars first, each with its command
-and arguments, environment, security context, limits, volume mounts and exec probes, plus the pod's volumes), and the
+and arguments, environment, security context, limits, volume mounts and probes, plus the pod's volumes), and the
 runners execute them without re-typing a flag: `glm53.loopback` as processes on 127.0.0.1 (the README's main job and
 `glm53 fleet`), the container-level pod test as Docker containers sharing one network namespace, and the kubelet itself
 on kind. Pure: rendered objects in, records out; rendering is `glm53.chart`, running is the runners'.
@@ -59,6 +59,17 @@ class ExecProbe:
 
 
 @dataclass(frozen=True)
+class HttpGetProbe:
+    """An httpGet probe: the kubelet GETs `path` on the container's `port`; 200-399 passes."""
+
+    path: str
+    port: int
+    period_s: float
+    timeout_s: float
+    failure_threshold: int
+
+
+@dataclass(frozen=True)
 class VolumeMount:
     """One of a container's volume mounts."""
 
@@ -112,6 +123,8 @@ class ContainerPlan:
     sidecar: bool
     # A plain init container: it runs to completion, in order, before the next container starts.
     init: bool = False
+    # Runs once the startup probe passed, for the container's whole life: failing it restarts the container.
+    liveness_probe: ExecProbe | HttpGetProbe | None = None
 
     @property
     def served_argv(self) -> tuple[str, ...]:
@@ -151,6 +164,8 @@ class PodPlan:
     volumes: tuple[PodVolume, ...]
     # terminationGracePeriodSeconds: how long a stop waits between SIGTERM and SIGKILL (Kubernetes' default is 30).
     grace_period_s: float = 30.0
+    # The pod's restartPolicy, for its main containers (a native sidecar is restarted always).
+    restart_policy: str = "Always"
 
     def container(self, name: str) -> ContainerPlan:
         """The container called `name`, or an error listing the ones the pod has."""
@@ -177,16 +192,33 @@ def parse_quantity(quantity: str | int | float) -> float:
     return float(match.group(1)) * _QUANTITY_SUFFIXES[match.group(2)]
 
 
+def _timing(spec: Mapping[str, Any]) -> tuple[float, float, int]:
+    timing = {key: spec.get(key, default) for key, default in _PROBE_DEFAULTS.items()}
+    return float(timing["periodSeconds"]), float(timing["timeoutSeconds"]), int(timing["failureThreshold"])
+
+
 def _exec_probe(spec: Mapping[str, Any] | None) -> ExecProbe | None:
     if spec is None or "exec" not in spec:
         return None
-    timing = {key: spec.get(key, default) for key, default in _PROBE_DEFAULTS.items()}
-    return ExecProbe(
-        command=tuple(str(part) for part in spec["exec"]["command"]),
-        period_s=float(timing["periodSeconds"]),
-        timeout_s=float(timing["timeoutSeconds"]),
-        failure_threshold=int(timing["failureThreshold"]),
-    )
+    return ExecProbe(tuple(str(part) for part in spec["exec"]["command"]), *_timing(spec))
+
+
+def _liveness_probe(
+    spec: Mapping[str, Any] | None, ports: tuple[ContainerPort, ...]
+) -> ExecProbe | HttpGetProbe | None:
+    """The liveness probe: exec, or httpGet with its port resolved (a name refers to a declared container port)."""
+    if spec is None or "httpGet" not in spec:
+        return _exec_probe(spec)
+    port = spec["httpGet"]["port"]
+    if isinstance(port, str) and not port.isdigit():
+        named = [p.port for p in ports if p.name == port]
+        if not named:
+            raise Glm53Error(
+                f"a liveness probe names port {port!r}, which the container does not declare; check the chart",
+                EXIT_FAILURE,
+            )
+        port = named[0]
+    return HttpGetProbe(str(spec["httpGet"].get("path", "/")), int(port), *_timing(spec))
 
 
 def _env(container: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
@@ -214,6 +246,9 @@ def _container(
 ) -> ContainerPlan:
     security = {**pod_security, **spec.get("securityContext", {})}
     limits = spec.get("resources", {}).get("limits", {})
+    ports = tuple(
+        ContainerPort(name=str(p.get("name", "")), port=int(p["containerPort"])) for p in spec.get("ports", [])
+    )
     return ContainerPlan(
         name=str(spec["name"]),
         image=str(spec["image"]),
@@ -230,13 +265,12 @@ def _container(
             VolumeMount(volume=str(m["name"]), path=str(m["mountPath"]), read_only=bool(m.get("readOnly", False)))
             for m in spec.get("volumeMounts", [])
         ),
-        ports=tuple(
-            ContainerPort(name=str(p.get("name", "")), port=int(p["containerPort"])) for p in spec.get("ports", [])
-        ),
+        ports=ports,
         startup_probe=_exec_probe(spec.get("startupProbe")),
         readiness_probe=_exec_probe(spec.get("readinessProbe")),
         sidecar=sidecar,
         init=init,
+        liveness_probe=_liveness_probe(spec.get("livenessProbe"), ports),
     )
 
 
@@ -267,7 +301,8 @@ def pod_from_spec(name: str, pod_spec: Mapping[str, Any]) -> PodPlan:
     containers += [_container(c, pod_security, sidecar=False) for c in pod_spec.get("containers", [])]
     volumes = tuple(_volume(v) for v in pod_spec.get("volumes", []))
     grace = float(pod_spec.get("terminationGracePeriodSeconds", 30))
-    return PodPlan(name=name, containers=tuple(containers), volumes=volumes, grace_period_s=grace)
+    restart_policy = str(pod_spec.get("restartPolicy", "Always"))
+    return PodPlan(name, tuple(containers), volumes, grace_period_s=grace, restart_policy=restart_policy)
 
 
 def deployment_pod(objects: Iterable[Mapping[str, Any]], component: str = "engine") -> PodPlan:

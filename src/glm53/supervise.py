@@ -12,6 +12,15 @@ The child's exit, not the end of its output, ends supervision: a server that lea
 pod in Terminating for as long as the orphan lives. Orphans are re-parented to us (we register as the child
 subreaper) or to us as PID 1 when no init runs in front, so we reap them too: a long-running server that forks helpers
 would otherwise fill the process table with zombies.
+
+A container started again in the same pod (the kubelet restarts a native sidecar at once the first time) can be held
+back before its server starts (`--hold-after-restart`): the count of starts lives next to the log, on the pod's log
+volume, which outlives the container but not the pod. The LMCache sidecar needs that: LMCache's connector only
+registers its KV caches again after a heartbeat ping *failed* (lmcache 0.5.6
+lmcache/integration/vllm/vllm_multi_process_adapter.py:593-614, 1716-1761), and the server answers a ping from any
+instance, known or not (lmcache/v1/multiprocess/modules/management.py:105-120), so a server back before a ping timed
+out is never told about the engine and rejects every store (LMCache #4642). Held longer than the ping period plus its
+timeout, the restart is always seen.
 """
 
 from __future__ import annotations
@@ -198,7 +207,33 @@ def copy_until_exit(child: subprocess.Popen[bytes], tee: LineTee, reap_orphans: 
     return returncode
 
 
-def supervise(command: Sequence[str], log_path: Path, max_log_bytes: int) -> int:
+def count_start(log_path: Path) -> int:
+    """This container's start number in the pod (1 for the first), counted in `<log>.starts` on the log volume."""
+    counter = log_path.with_name(log_path.name + ".starts")
+    try:
+        previous = int(counter.read_text().strip() or 0) if counter.exists() else 0
+    except (OSError, ValueError):
+        previous = 1  # unreadable: a start happened before, so treat this one as a restart
+    try:
+        counter.write_text(f"{previous + 1}\n")
+    except OSError as error:
+        raise Glm53Error(f"cannot write the start counter {counter}: {error.strerror}") from None
+    return previous + 1
+
+
+def hold_restart(log: RotatingLog, start: int, hold_seconds: float) -> None:
+    """On a restart, say why and wait `hold_seconds` before the server starts (SIGTERM meanwhile ends us, as 143)."""
+    if start < 2 or hold_seconds <= 0:
+        return
+    line = (
+        f"glm53 supervise: start {start} of this container in this pod: holding {hold_seconds:g} s before the "
+        "server starts, so that the engine's heartbeat sees it gone and registers again (LMCache #4642)\n"
+    ).encode()
+    LineTee(log, sys.stdout.buffer).feed(line)
+    time.sleep(hold_seconds)
+
+
+def supervise(command: Sequence[str], log_path: Path, max_log_bytes: int, hold_after_restart_s: float = 0.0) -> int:
     """Run `command` until it exits, teeing its output; returns the exit status to use for ourselves."""
     if not command:
         raise Glm53Error("no command given; put the server command after `--`, e.g. -- vllm serve MODEL ...")
@@ -206,6 +241,7 @@ def supervise(command: Sequence[str], log_path: Path, max_log_bytes: int) -> int
         log = RotatingLog(log_path, max_log_bytes)
     except OSError as error:
         raise Glm53Error(f"cannot append to the log file {log_path}: {error.strerror}") from None
+    hold_restart(log, count_start(log_path), hold_after_restart_s)
     children: list[subprocess.Popen[bytes]] = []
     pending: list[int] = []
 

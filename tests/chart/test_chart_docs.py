@@ -74,7 +74,7 @@ def test_defaults_pass_the_schema_and_every_documented_key_exists() -> None:
 def test_notes_tell_how_to_watch_the_probe_and_read_the_geometry() -> None:
     text = notes({})
     assert "glm53 probe startup --profile glm53-flash --tensor-parallel-size 4 --chunk-size 1152" in text
-    assert "3600 s" in text
+    assert "1800 s" in text
     assert "Resolved LMCache MP geometry" in text
     assert "group_tokens_per_block=[1152, 1152, 1152, 1152, 1152, 0]" in text
     assert "8507 tokens at C=1152: 8064" in text

@@ -28,7 +28,12 @@ LOOPBACK_PORTS = ("5555", "8080", "9090")
 FLASH_KV = {
     "kv_connector": "LMCacheMPConnector",
     "kv_role": "kv_both",
-    "kv_connector_extra_config": {"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": 5555},
+    "kv_connector_extra_config": {
+        "lmcache.mp.host": "tcp://127.0.0.1",
+        "lmcache.mp.port": 5555,
+        "lmcache.mp.heartbeat_interval": 10,
+    },
+    "kv_load_failure_policy": "recompute",
 }
 
 
@@ -42,11 +47,13 @@ def all_containers(objs: list[Obj]) -> list[Obj]:
 
 
 def supervised(c: Obj) -> tuple[str, list[str]]:
-    """(log file, program + args) of a container run under `glm53 supervise --log FILE -- ...`."""
+    """(log file, program + args) of a container run under `glm53 supervise --log FILE [--hold-after-restart S] --`;
+    the sidecar is held back 25 s on a restart (two 10 s heartbeat intervals and 5 s), the engine never."""
     assert c["command"] == ["/usr/bin/tini", "--", "glm53", "supervise"]  # tini is PID 1, as in the images
     args: list[str] = c["args"]
-    assert args[0] == "--log" and args[2] == "--", args[:3]
-    return args[1], args[3:]
+    hold = ["--hold-after-restart", "25"] if c["name"] == "lmcache" else []
+    assert args[0] == "--log" and args[2 : 3 + len(hold)] == [*hold, "--"], args[:5]
+    return args[1], args[3 + len(hold) :]
 
 
 # --- start order and the exact command lines ---------------------------------------------------------------------
@@ -54,11 +61,13 @@ def supervised(c: Obj) -> tuple[str, list[str]]:
 
 @pytest.mark.parametrize("name", ["default", "glm53", "mock", "mock-glm53"])
 def test_lmcache_is_a_native_sidecar_started_before_vllm(name: str) -> None:
+    """The last init container, after the weights' stage step on a GPU install (tests/chart/test_chart_staging.py)."""
     spec = pod_spec(scenario(name))
-    assert [c["name"] for c in spec["initContainers"]] == ["lmcache"]
-    assert get(spec, "initContainers[0].restartPolicy") == "Always"
+    expected = ["lmcache"] if scenario_values(name).get("mock", {}).get("enabled") else ["stage-weights", "lmcache"]
+    assert [c["name"] for c in spec["initContainers"]] == expected
+    assert get(spec, "initContainers[-1].restartPolicy") == "Always"
     assert spec["containers"][0]["name"] == "vllm"
-    assert get(spec, "initContainers[0].startupProbe.exec.command")[:2] == ["python3", "-c"]
+    assert get(spec, "initContainers[-1].startupProbe.exec.command")[:2] == ["python3", "-c"]
 
 
 def test_default_flash_command_lines_are_exact() -> None:
@@ -194,17 +203,20 @@ def test_exporter_container_reads_the_logs_and_both_metric_endpoints() -> None:
 
 
 @pytest.mark.parametrize("name", ["default", "glm53", "mock", "mock-glm53"])
-def test_startup_probe_runs_glm53_probe_with_a_budget_of_an_hour(name: str) -> None:
+def test_startup_probe_runs_glm53_probe_with_a_budget_for_the_load(name: str) -> None:
+    """30 minutes: the weights are staged before the engine starts (weights.staging), so the budget is the load's."""
     objs = scenario(name)
     vllm = container(objs, "vllm")
     profile = scenario_values(name).get("profile", "glm53-flash")
     tp, chunk = ("8", "256") if profile == "glm53" else ("4", "1152")
+    model = "zai-org/GLM-5.3" if profile == "glm53" else "zai-org/GLM-5.3-Flash"
     assert get(vllm, "startupProbe.exec.command") == [
         "glm53", "probe", "startup", "--profile", profile, "--tensor-parallel-size", tp, "--chunk-size", chunk,
-        *LOGS, "--state-dir", "/var/log/glm53/.probe",
+        *LOGS, "--warm-up", "http://127.0.0.1:8000", "--served-model-name", model,
+        "--state-dir", "/var/log/glm53/.probe",
     ]  # fmt: skip
     budget = get(vllm, "startupProbe.periodSeconds") * get(vllm, "startupProbe.failureThreshold")
-    assert budget >= 60 * 60
+    assert budget == 30 * 60
 
 
 def test_readiness_checks_health_and_the_served_model_and_liveness_checks_health() -> None:
@@ -230,7 +242,7 @@ def test_served_model_name_is_what_readiness_expects() -> None:
 def test_without_lmcache_there_is_no_sidecar_and_startup_waits_for_health() -> None:
     objs = render({"lmcache": {"enabled": False}, "vllm": {"enablePrefixCaching": False}})
     spec = pod_spec(objs)
-    assert "initContainers" not in spec
+    assert [c["name"] for c in spec["initContainers"]] == ["stage-weights"]  # the weights, but no sidecar
     vllm = container(objs, "vllm")
     assert "--kv-transfer-config" not in vllm["args"] and "--no-enable-prefix-caching" in vllm["args"]
     assert get(vllm, "startupProbe.httpGet.path") == "/health"

@@ -127,7 +127,8 @@ def wired(
     """A registry holding a collector over `paths` and canned upstream pages (the seed's numbers by default)."""
     fake = FakeUpstreams(pages if pages is not None else {VLLM_URL: VLLM_PAGE, LMCACHE_URL: LMCACHE_PAGE})
     upstreams = [Upstream(names.VLLM, VLLM_URL), Upstream(names.LMCACHE, LMCACHE_URL)]
-    collector = Glm53Collector(LogWatch(paths, get_profile(profile), tp, chunk), upstreams, fake)
+    # One engine registered with the sidecar, as /status says of a healthy pod (the live test reads the real server's).
+    collector = Glm53Collector(LogWatch(paths, get_profile(profile), tp, chunk), upstreams, fake, lambda: 1)
     registry = CollectorRegistry()
     registry.register(collector)
     try:

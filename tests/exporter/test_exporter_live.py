@@ -9,11 +9,12 @@ counters, since vLLM itself does not run on a CPU machine.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from exporter_fakes import copy_logs, free_port, glm53_child, http_pages, scrape_samples, vllm_page
-from real_lmcache import running_lmcache, send_one_request
+from real_lmcache import http_get, running_lmcache, send_one_request
 
 
 @pytest.mark.slow
@@ -29,6 +30,7 @@ def test_exporter_scrapes_the_real_lmcache_servers_http_port(tmp_path: Path) -> 
         with glm53_child(args, tmp_path / "exporter.out") as exporter:
             exporter.wait_for("serving http://")
             samples = scrape_samples(f"http://127.0.0.1:{exporter_port}/metrics")
+        status = json.loads(http_get(f"{lmcache.http_url}/status"))
 
     def value(name: str, **labels: str) -> float | None:
         return samples.get((name, frozenset(labels.items())))
@@ -45,3 +47,14 @@ def test_exporter_scrapes_the_real_lmcache_servers_http_port(tmp_path: Path) -> 
     assert (value("lmcache_mp_l1_usage_ratio", backend="dram", l1_tag="_default") or 0) > 0
     assert value("glm53_geometry_matches_profile") == 1
     assert value("glm53_probe_status", status="ready") == 1
+    # What the server's own /status lists as registered (the bench's client, if it has not unregistered).
+    registered = [
+        ids
+        for module in status.values()
+        if isinstance(module, dict)
+        for ids in [module.get("registered_gpu_ids")]
+        if ids is not None
+    ]
+    assert registered, status
+    assert value("glm53_sidecar_registered_engines") == len(registered[0])
+    assert value("glm53_sidecar_link_degraded") == 0

@@ -19,7 +19,7 @@ from typing import Any
 
 # tests/ holds the helper shared with tests/exporter; pytest puts only this file's directory on sys.path.
 sys.path.append(str(Path(__file__).resolve().parents[1]))
-from chart_sidecar import chart_sidecar
+from chart_sidecar import StandaloneSidecar, chart_sidecar
 
 DEADLINE = 30.0
 SERVER_DEADLINE = 90.0  # the real server is ready in 3-7 s alone, much slower on a busy 2-core machine
@@ -67,8 +67,19 @@ class Process:
             time.sleep(0.05)
         raise AssertionError(f"no line with {needle!r} (exit {self.proc.poll()}); log:\n{self.text()[-4000:]}")
 
+    def wait_count(self, needle: str, count: int, deadline: float = DEADLINE) -> None:
+        """Until `count` log lines contain `needle`; fails (with the log) if the process exits or time runs out."""
+        poll(lambda: sum(needle in line for line in self.lines()) >= count or self.proc.poll() is not None, needle)
+        if sum(needle in line for line in self.lines()) < count:
+            raise AssertionError(f"fewer than {count} lines with {needle!r}; log:\n{self.text()[-4000:]}")
+
     def wait_exit(self, deadline: float = DEADLINE) -> int:
         return self.proc.wait(timeout=deadline)
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash ends a process; reaped at once."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
 
     def stop(self, grace: float = DEADLINE) -> int:
         if self.proc.poll() is None:
@@ -91,8 +102,15 @@ class Server:
     """A running real `lmcache server`: its request port and its HTTP front."""
 
     process: Process
-    port: int
-    http_url: str
+    sidecar: StandaloneSidecar
+
+    @property
+    def port(self) -> int:
+        return self.sidecar.port
+
+    @property
+    def http_url(self) -> str:
+        return self.sidecar.http_url
 
     def metrics(self) -> str:
         status, text = http(f"{self.http_url}/metrics")
@@ -101,17 +119,23 @@ class Server:
 
 
 @contextmanager
-def lmcache_server(tmp_path: Path, profile: str) -> Iterator[Server]:
-    """The real server as `profile`'s pod runs it (the chart's sidecar, tests/chart_sidecar.py), healthy; stopped on
-    exit."""
-    sidecar = chart_sidecar(profile, tmp_path)
-    process = Process(sidecar.argv, tmp_path / f"lmcache-{sidecar.port}.log", sidecar.env)
-    server = Server(process, sidecar.port, sidecar.http_url)
+def serving(sidecar: StandaloneSidecar, log: Path) -> Iterator[Server]:
+    """`sidecar` running and healthy, logging to `log`; stopped on exit (unless it was stopped or killed before)."""
+    server = Server(Process(sidecar.argv, log, sidecar.env), sidecar)
     try:
         poll(lambda: http(f"{server.http_url}/healthcheck")[0] == 200, "the LMCache /healthcheck", SERVER_DEADLINE)
         yield server
     finally:
-        process.stop()
+        server.process.stop()
+
+
+@contextmanager
+def lmcache_server(tmp_path: Path, profile: str) -> Iterator[Server]:
+    """The real server as `profile`'s pod runs it (the chart's sidecar, tests/chart_sidecar.py), healthy; stopped on
+    exit. `serving(server.sidecar, ...)` starts it again on the same ports."""
+    sidecar = chart_sidecar(profile, tmp_path)
+    with serving(sidecar, tmp_path / f"lmcache-{sidecar.port}.log") as server:
+        yield server
 
 
 def connector_json(port: int, **extra: object) -> str:
@@ -120,11 +144,19 @@ def connector_json(port: int, **extra: object) -> str:
     return json.dumps({"kv_connector": "LMCacheMPConnector", "kv_role": "kv_both", "kv_connector_extra_config": config})
 
 
-def vllm_args(model: str, profile: str, tp: int, port: int, lmcache_port: int, *extra: str) -> list[str]:
+def with_load_failure_policy(connector: str, policy: str) -> str:
+    """`connector` with vLLM's `kv_load_failure_policy` set, as the chart renders it."""
+    return json.dumps({**json.loads(connector), "kv_load_failure_policy": policy})
+
+
+def vllm_args(
+    model: str, profile: str, tp: int, port: int, lmcache_port: int, *extra: str, connector: str | None = None
+) -> list[str]:
+    """`connector`: the --kv-transfer-config JSON (default: `connector_json(lmcache_port)`)."""
     return glm53(
         "mock", "vllm", model, "--profile", profile, "--tensor-parallel-size", str(tp), "--port", str(port),
-        "--enable-prefix-caching", "--kv-transfer-config", connector_json(lmcache_port), "--load-seconds", "0.2",
-        *extra,
+        "--enable-prefix-caching", "--kv-transfer-config", connector or connector_json(lmcache_port),
+        "--load-seconds", "0.2", *extra,
     )  # fmt: skip
 
 
@@ -163,6 +195,29 @@ def metric(text: str, name: str) -> float:
     return total
 
 
+def complete(base_url: str, prompt: list[int], salt: str, **extra: object) -> dict[str, Any]:
+    body = {"prompt": prompt, "max_tokens": 2, "temperature": 0, "logprobs": 1, "cache_salt": salt, **extra}
+    status, reply = http(f"{base_url}/v1/completions", body)
+    assert status == 200, reply
+    assert isinstance(reply, dict)
+    return reply
+
+
+def reset(base_url: str, external: bool = False) -> None:
+    assert http(f"{base_url}/reset_prefix_cache?reset_external={str(external).lower()}", {}) == (
+        200,
+        {"success": True},
+    )
+
+
+def cached_after_priming(base_url: str, length: int, salt: str) -> int:
+    """Prime LMCache with a `length`-token prompt, drop vLLM's own cache, send it again: the cached tokens."""
+    prompt = list(range(10, 10 + length))
+    complete(base_url, prompt, salt)
+    reset(base_url)
+    return int(complete(base_url, prompt, salt)["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+
 @dataclass
 class Engine:
     """A ready engine stand-in and its base URL."""
@@ -173,10 +228,18 @@ class Engine:
 
 @contextmanager
 def engine(
-    tmp_path: Path, model: str, profile: str, tp: int, server_port: int, *extra: str, name: str = "vllm"
+    tmp_path: Path,
+    model: str,
+    profile: str,
+    tp: int,
+    server_port: int,
+    *extra: str,
+    name: str = "vllm",
+    connector: str | None = None,
 ) -> Iterator[Engine]:
     port = free_port()
-    process = Process(vllm_args(model, profile, tp, port, server_port, *extra), tmp_path / f"{name}.log", DEV_MODE)
+    argv = vllm_args(model, profile, tp, port, server_port, *extra, connector=connector)
+    process = Process(argv, tmp_path / f"{name}.log", DEV_MODE)
     try:
         process.wait_for("Starting vLLM server on", DEADLINE * 2)
         yield Engine(process, f"http://127.0.0.1:{port}")

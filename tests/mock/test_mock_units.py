@@ -15,7 +15,7 @@ from glm53.errors import Glm53Error
 from glm53.loopback import free_ports
 from glm53.mock import model, openai_api
 from glm53.mock.connector import KVEventsConfig, parse_connector_config, parse_kv_events_config
-from glm53.mock.engine import Outcome, lookup_tokens, tokens_to_load
+from glm53.mock.engine import Outcome, tokens_to_load
 from glm53.mock.local_cache import LocalPrefixCache, block_hashes
 from glm53.mock.logs import VllmFormatter
 from glm53.mock.runtime import stop_on_signals
@@ -28,22 +28,18 @@ FLASH_GROUPS = (1152, 1152, 1152, 1152, 1152, 0)
 
 
 @pytest.mark.parametrize(
-    ("prompt", "reserve", "chunk", "lmcache_hit", "loaded"),
+    ("prompt", "lmcache_hit", "loaded"),
     [
-        (8507, True, 1152, 8064, 8064),  # seed 000: GLM-5.3-Flash, strict prefix
-        (2304, True, 1152, 1152, 1152),  # L = 2C: L-1 looked up, one chunk
-        (256, False, 256, 256, 255),  # GLM-5.3 full-prompt hit: one token fewer (connector:1341-1346)
-        (512, False, 256, 512, 511),
-        (768, False, 256, 768, 767),
-        (8507, False, 256, 8448, 8448),
-        (5040, False, 256, 4864, 4864),
+        (8507, 8064, 8064),  # seed 000: GLM-5.3-Flash, strict prefix (the adapter looks up L-1, whole chunks)
+        (2304, 1152, 1152),  # L = 2C: L-1 looked up, one chunk
+        (256, 256, 255),  # GLM-5.3 full-prompt hit: one token fewer (connector:1341-1346)
+        (512, 512, 511),
+        (768, 768, 767),
+        (8507, 8448, 8448),
+        (5040, 4864, 4864),
     ],
 )
-def test_the_connectors_vllm_side_rules_give_the_seeds_numbers(
-    prompt: int, reserve: bool, chunk: int, lmcache_hit: int, loaded: int
-) -> None:
-    # The server answers whole chunks of what was looked up; the stand-in asks for lookup_tokens.
-    assert lookup_tokens(prompt, reserve) // chunk * chunk == lmcache_hit
+def test_the_connectors_vllm_side_rules_give_the_seeds_numbers(prompt: int, lmcache_hit: int, loaded: int) -> None:
     assert tokens_to_load(lmcache_hit, 0, prompt) == loaded
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from mockproc import (
@@ -18,6 +17,8 @@ from mockproc import (
     GLM53_MODEL,
     Process,
     Server,
+    cached_after_priming,
+    complete,
     connector_json,
     engine,
     free_port,
@@ -25,6 +26,7 @@ from mockproc import (
     http,
     lmcache_server,
     metric,
+    reset,
     vllm_args,
 )
 
@@ -53,29 +55,6 @@ def flash_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 def glm53_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     with lmcache_server(tmp_path_factory.mktemp("glm53"), "glm53") as server:
         yield server
-
-
-def complete(base_url: str, prompt: list[int], salt: str, **extra: object) -> dict[str, Any]:
-    body = {"prompt": prompt, "max_tokens": 2, "temperature": 0, "logprobs": 1, "cache_salt": salt, **extra}
-    status, reply = http(f"{base_url}/v1/completions", body)
-    assert status == 200, reply
-    assert isinstance(reply, dict)
-    return reply
-
-
-def reset(base_url: str, external: bool = False) -> None:
-    assert http(f"{base_url}/reset_prefix_cache?reset_external={str(external).lower()}", {}) == (
-        200,
-        {"success": True},
-    )
-
-
-def cached_after_priming(base_url: str, length: int, salt: str) -> int:
-    """Prime LMCache with a `length`-token prompt, drop vLLM's own cache, send it again: the cached tokens."""
-    prompt = list(range(10, 10 + length))
-    complete(base_url, prompt, salt)
-    reset(base_url)
-    return int(complete(base_url, prompt, salt)["usage"]["prompt_tokens_details"]["cached_tokens"])
 
 
 def test_flash_starts_with_vllm_lines_and_tp_plus_one_geometry_lines(tmp_path: Path, flash_server: Server) -> None:
@@ -175,22 +154,6 @@ def test_an_unreachable_server_is_one_line_within_the_connector_timeout(tmp_path
         "glm53 mock: error: EngineCore failed to start: ConnectionError: Cannot reach the LMCache MP server at "
         "'tcp://127.0.0.1:"
     )
-
-
-def test_a_server_dying_mid_run_fails_the_request_and_stops_the_engine(tmp_path: Path) -> None:
-    with (
-        lmcache_server(tmp_path, "glm53") as server,
-        engine(tmp_path, GLM53_MODEL, "glm53", 8, server.port) as pair,
-    ):
-        complete(pair.base_url, list(range(600)), "alive")
-        server.process.stop()  # SIGTERM: the server exits
-        status, reply = http(f"{pair.base_url}/v1/completions", {"prompt": list(range(600)), "max_tokens": 1})
-        assert status == 500
-        assert "the LMCache MP server at 'tcp://127.0.0.1:" in reply["error"]["message"]
-        assert pair.process.wait_exit(DEADLINE) == 1
-        last = pair.process.lines()[-1]
-    assert last.startswith("glm53 mock: error: the LMCache MP server at 'tcp://127.0.0.1:")
-    assert "did not answer LOOKUP within 10s" in last
 
 
 def test_reset_endpoint_is_absent_without_dev_mode(tmp_path: Path, glm53_server: Server) -> None:

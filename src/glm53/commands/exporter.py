@@ -27,7 +27,7 @@ from glm53.exporter import names
 from glm53.exporter.collector import Glm53Collector, Upstream
 from glm53.exporter.facts import LogWatch
 from glm53.exporter.server import serve
-from glm53.exporter.upstream import DEFAULT_TIMEOUT_SECONDS, metrics_url, scrape
+from glm53.exporter.upstream import DEFAULT_TIMEOUT_SECONDS, metrics_url, registered_engines, scrape
 from glm53.profiles import PROFILES, get_profile
 
 DEFAULT_PORT = 9400
@@ -99,8 +99,12 @@ def build_registry(args: argparse.Namespace) -> tuple[CollectorRegistry, Glm53Co
         Upstream(names.LMCACHE, metrics_url(args.lmcache_url)),
     ]
     timeout = float(args.timeout)
+    status_url = metrics_url(args.lmcache_url).removesuffix("/metrics") + "/status"
     collector = Glm53Collector(
-        LogWatch(args.log, profile, tp, chunk), upstreams, lambda url: scrape(url, timeout=timeout)
+        LogWatch(args.log, profile, tp, chunk),
+        upstreams,
+        lambda url: scrape(url, timeout=timeout),
+        lambda: registered_engines(status_url, timeout=timeout),
     )
     registry = CollectorRegistry()
     registry.register(collector)

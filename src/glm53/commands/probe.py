@@ -4,6 +4,8 @@ This is the I/O edge around `glm53.probe`: it follows each log from where the pr
 state file per log keeps the position and the facts already learned), feeds the new lines to the parser and prints the
 verdict as one line. It runs every few seconds for the whole model load, so it imports only the standard library and
 glm53's own pure modules, and its cost depends on the bytes added since last time, not on the log's size.
+With `--warm-up URL`, a right geometry is only Ready once the engine answered one request through its sidecar
+(`glm53.warmup`: it starts the connector's heartbeats, which LMCache starts lazily).
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from glm53.chunks import parse_positive
-from glm53.errors import Glm53Error
+from glm53.errors import Glm53Error, positive_float
 from glm53.logparse import parse_lines
 from glm53.logtail import LogFollower, TailPosition
 from glm53.probe import StartupFacts, Status, Verdict, evaluate
-from glm53.profiles import PROFILES, get_profile
+from glm53.profiles import PROFILES, ModelProfile, get_profile
+from glm53.warmup import WarmUp, send
 
 # Read a backlog in batches of this many bytes so memory stays flat on a multi-gigabyte first scan; the state is saved
 # after each batch.
@@ -32,6 +35,7 @@ _BATCH_BYTES = 4 * 1024 * 1024
 # a huge backlog is read over several invocations instead, each answering "not yet" until it has caught up.
 _DEFAULT_TIME_BUDGET = 0.7
 _STATE_VERSION = 1
+_DEFAULT_WARM_UP_TIMEOUT = 8.0
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -60,6 +64,21 @@ def _build_parser() -> argparse.ArgumentParser:
         default=_DEFAULT_TIME_BUDGET,
         metavar="SECONDS",
         help=f"stop reading after this long and continue next time (default {_DEFAULT_TIME_BUDGET}; 0: no limit)",
+    )
+    startup.add_argument(
+        "--warm-up",
+        metavar="URL",
+        help="the engine's base URL: once the geometry is right, Ready waits until the engine answered one "
+        "completion of a chunk and a token there (starts LMCache's heartbeats; default: no warm-up)",
+    )
+    startup.add_argument("--served-model-name", metavar="NAME", help="the model name the warm-up request names")
+    startup.add_argument(
+        "--warm-up-timeout",
+        type=positive_float,
+        default=_DEFAULT_WARM_UP_TIMEOUT,
+        metavar="SECONDS",
+        help=f"how long the warm-up request may take (default {_DEFAULT_WARM_UP_TIMEOUT:g}; keep it under the "
+        "probe's timeoutSeconds)",
     )
     startup.add_argument(
         "--state-dir",
@@ -180,8 +199,25 @@ def _name_missing(verdict: Verdict, progress: list[LogProgress], logs: list[Path
     )
 
 
+def _warmed_up(verdict: Verdict, facts: StartupFacts, args: argparse.Namespace, profile: ModelProfile) -> Verdict:
+    """A Ready verdict stays Ready once the warm-up request was answered; until then it is "not yet", saying why."""
+    if verdict.status is not Status.READY or args.warm_up is None:
+        return verdict
+    chunk_size = facts.negotiated.resolved if facts.negotiated else facts.server_chunk_size
+    if chunk_size is None:  # Ready is only given once the server logged its size; never guess one
+        return verdict
+    token = profile.prompt_token_ids[0]
+    api_key = os.environ.get("VLLM_API_KEY")  # the engine container's own key, as its readiness probe uses it
+    problem = send(WarmUp(args.warm_up, args.served_model_name, chunk_size, token, args.warm_up_timeout, api_key))
+    if problem is None:
+        return Verdict.of(Status.READY, f"{verdict.message.split(': ', 1)[1]}; warm-up request answered")
+    return Verdict.of(Status.NOT_YET, f"geometry right; waiting for the engine to answer the warm-up ({problem})")
+
+
 def main(argv: Sequence[str]) -> int:
     args = _build_parser().parse_args(list(argv))
+    if args.warm_up is not None and not args.served_model_name:
+        raise Glm53Error("--warm-up needs --served-model-name: the model name the engine serves")
     profile = get_profile(args.profile)
     tensor_parallel_size = _positive_option(
         args.tensor_parallel_size, "--tensor-parallel-size", profile.tensor_parallel_size
@@ -192,15 +228,16 @@ def main(argv: Sequence[str]) -> int:
     state_dir: Path = args.state_dir or logs[0].parent / ".probe"
     deadline = time.monotonic() + args.time_budget if args.time_budget > 0 else None
     progress = _read_logs(logs, state_dir, deadline)
+    facts = StartupFacts.combined(p.facts for p in progress)
     verdict = evaluate(
         profile,
         tensor_parallel_size,
         chunk_size,
-        StartupFacts.combined(p.facts for p in progress),
+        facts,
         sum(p.total_bytes for p in progress),
         unread_bytes=sum(p.unread_bytes for p in progress),
     )
-    verdict = _name_missing(verdict, progress, logs)
+    verdict = _warmed_up(_name_missing(verdict, progress, logs), facts, args, profile)
     # A state that cannot be saved only makes the next invocation rescan; the verdict itself still stands.
     problems = [p.problem for p in progress if p.problem]
     print(verdict.message + (f" [{problems[0]}]" if problems else ""))

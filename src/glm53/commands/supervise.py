@@ -1,4 +1,4 @@
-"""`glm53 supervise --log FILE [--max-log-mb N] -- CMD ARGS...`: the container entrypoint (see glm53.supervise)."""
+"""`glm53 supervise --log FILE [--max-log-mb N] [--hold-after-restart S] -- CMD ARGS...`: the container entrypoint."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from glm53.errors import positive_float
+from glm53.errors import non_negative_float, positive_float
 from glm53.supervise import MIB, supervise
 
 DEFAULT_MAX_LOG_MB = 100.0
@@ -26,6 +26,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_MAX_LOG_MB,
         help=f"rotate before the log exceeds this many MiB (fractions allowed; default {DEFAULT_MAX_LOG_MB:g})",
     )
+    parser.add_argument(
+        "--hold-after-restart",
+        type=non_negative_float,
+        default=0.0,
+        metavar="SECONDS",
+        help="when this container starts again in the same pod (counted next to --log), wait this long before the "
+        "server starts (default 0: never)",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     return parser
 
@@ -36,4 +44,5 @@ def main(argv: Sequence[str]) -> int:
     if command[:1] == ["--"]:
         command = command[1:]
     # A cap beyond what a file offset can hold means "never rotate"; clamp it instead of overflowing.
-    return supervise(command, args.log, max(1, int(min(args.max_log_mb * MIB, sys.maxsize))))
+    max_log_bytes = max(1, int(min(args.max_log_mb * MIB, sys.maxsize)))
+    return supervise(command, args.log, max_log_bytes, args.hold_after_restart)

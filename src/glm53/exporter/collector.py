@@ -167,7 +167,29 @@ def log_families(facts: LogFacts) -> list[Metric]:
     for path, count in facts.bytes_read:
         read.add_metric([path], count)
     families.append(read)
+    families += link_families(facts)
     return families
+
+
+def link_families(facts: LogFacts) -> list[Metric]:
+    """After Ready: the engine's link to its sidecar, from the connector's and the server's own log lines."""
+    events = CounterMetricFamily(
+        "glm53_sidecar_link_events",
+        "Connector and server lines about the engine-sidecar link: degraded (a heartbeat ping failed), recovered, "
+        "reregistered (KV caches registered again with a returned server), store_rejected / retrieve_rejected (the "
+        "server does not know the engine: caching is dead until it registers, LMCache #4642), load_failed (requests "
+        "ended by a failed KV load).",
+        labels=["event"],
+    )
+    for event, count in facts.link_events:
+        events.add_metric([event], count)
+    degraded = GaugeMetricFamily(
+        "glm53_sidecar_link_degraded",
+        "1 while a connector adapter of the running engine last logged 'LMCache server is unhealthy' (degraded mode: "
+        "lookups miss, stores are dropped), else 0.",
+        value=1.0 if facts.link_degraded else 0.0,
+    )
+    return [events, degraded]
 
 
 def _scoped_counter(name: str, documentation: str, local: float | None, external: float | None) -> list[Metric]:
@@ -231,13 +253,17 @@ class Glm53Collector(Collector):
         logs: LogSource,
         upstreams: Sequence[Upstream],
         scraper: Scraper,
+        registration: Callable[[], int] | None = None,
     ) -> None:
+        """`registration` counts the engines the sidecar has registered (its /status); None: not measured."""
         self._logs = logs
         self._upstreams = tuple(upstreams)
         self._scraper = scraper
+        self._registration = registration
         # Prometheus (and an operator's curl) may scrape concurrently; the followers and counters are not re-entrant.
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=max(1, len(self._upstreams)), thread_name_prefix="glm53-scrape")
+        workers = len(self._upstreams) + (1 if registration else 0)
+        self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="glm53-scrape")
         self._errors = {(u.target, reason): 0 for u in self._upstreams for reason in ERROR_REASONS}
         self._restarts = {u.target: 0 for u in self._upstreams}
         self._previous: dict[str, Snapshot] = {}
@@ -248,6 +274,13 @@ class Glm53Collector(Collector):
     def collect(self) -> Iterable[Metric]:
         with self._lock:
             return self._collect_locked()
+
+    def _registered(self) -> float | None:
+        assert self._registration is not None
+        try:
+            return float(self._registration())
+        except UpstreamError:
+            return None
 
     def _scrape_one(self, upstream: Upstream) -> Snapshot | UpstreamError:
         try:
@@ -273,6 +306,7 @@ class Glm53Collector(Collector):
         started = time.perf_counter()
         # Both upstreams are scraped at once (a slow one costs its timeout once) while this thread reads the logs.
         pending = {u.target: self._pool.submit(self._scrape_one, u) for u in self._upstreams}
+        registered = self._pool.submit(self._registered) if self._registration else None
         facts = self._logs.poll()
         snapshots = self._account({target: future.result() for target, future in pending.items()})
         families = log_families(facts)
@@ -281,6 +315,13 @@ class Glm53Collector(Collector):
         if lmcache is not None:
             families += lmcache.families_with_prefix(names.LMCACHE_PASSTHROUGH_PREFIXES)
         families += self._health_families(snapshots)
+        if registered is not None:
+            families += _gauge(
+                "glm53_sidecar_registered_engines",
+                "Engine instances the LMCache sidecar has registered (GET /status, registered_gpu_ids); 0 while vLLM "
+                "runs means every store and retrieve is rejected. Absent when the sidecar does not answer.",
+                registered.result(),
+            )
         families.append(
             GaugeMetricFamily(
                 "glm53_scrape_duration_seconds",

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
 from glm53.chunks import required_alignment
-from glm53.logparse import Record, ResolvedGeometry, RunStarted, parse_line
+from glm53.logparse import CONNECTOR_EVENTS, ConnectorEvent, Record, ResolvedGeometry, RunStarted, parse_line
 from glm53.logtail import LogFollower
 from glm53.probe import GeometryFact, NegotiatedFact, StartupFacts, Status, evaluate
 from glm53.profiles import ModelProfile
@@ -96,6 +96,32 @@ class RunClock:
         return seconds_between(self.started, self.geometry_at)
 
 
+@dataclass
+class LinkState:
+    """After Ready: what the logs said about the engine's link to its sidecar, counted since the exporter began reading.
+
+    Each connector adapter (the scheduler's, one per TP worker) logs its own heartbeat edges, so degraded mode is kept
+    per process tag: the link is degraded while any adapter of the current vLLM run last said "unhealthy".
+    """
+
+    events: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CONNECTOR_EVENTS, 0))
+    unhealthy: set[str] = field(default_factory=set)
+
+    def observe(self, record: Record) -> None:
+        if isinstance(record, RunStarted):
+            self.unhealthy.clear()  # a new vLLM run: its adapters start healthy
+        elif isinstance(record, ConnectorEvent):
+            self.events[record.event] += 1
+            if record.event == "degraded":
+                self.unhealthy.add(record.origin.label)
+            elif record.event == "recovered":
+                self.unhealthy.discard(record.origin.label)
+
+    @property
+    def degraded(self) -> bool:
+        return bool(self.unhealthy)
+
+
 @dataclass(frozen=True)
 class LogFacts:
     """What the logs said so far, with the profile and configuration they are judged against."""
@@ -110,6 +136,9 @@ class LogFacts:
     geometry_after_start_seconds: float | None
     verdict_status: str
     bytes_read: tuple[tuple[str, int], ...] = ()
+    # After Ready: the connector's link events so far (CONNECTOR_EVENTS' names) and whether it is degraded now.
+    link_events: tuple[tuple[str, int], ...] = ()
+    link_degraded: bool = False
 
     @property
     def configured_chunk_size(self) -> int | None:
@@ -177,6 +206,7 @@ class LogWatch:
         # One StartupFacts and one clock per file, as the probe keeps them: restarts are recognised per file.
         self._facts = [StartupFacts() for _ in paths]
         self._clocks = [RunClock() for _ in paths]
+        self._link = LinkState()
         self._profile = profile
         self._tp = tensor_parallel_size
         self._chunk_size = chunk_size
@@ -184,7 +214,7 @@ class LogWatch:
     def poll(self) -> LogFacts:
         for follower, facts, clock in zip(self._followers, self._facts, self._clocks, strict=True):
             try:
-                _consume(follower, facts, clock)
+                _consume(follower, facts, clock, self._link)
             except OSError:
                 # The command refuses an unreadable log at start; one that turns unreadable later (replaced by a
                 # directory, permissions changed) is skipped until it is readable again, so the scrape still answers.
@@ -206,17 +236,20 @@ class LogWatch:
             geometry_after_start_seconds=delays[0] if delays else None,
             verdict_status=verdict.status.name.lower(),
             bytes_read=tuple((str(f.path), f.total_bytes_read) for f in self._followers),
+            link_events=tuple(self._link.events.items()),
+            link_degraded=self._link.degraded,
         )
 
 
-def _consume(follower: LogFollower, facts: StartupFacts, clock: RunClock) -> None:
-    """Parse everything the file gained, in bounded slices, into `facts` and `clock`."""
+def _consume(follower: LogFollower, facts: StartupFacts, clock: RunClock, link: LinkState) -> None:
+    """Parse everything the file gained, in bounded slices, into `facts`, `clock` and `link`."""
     while True:
         before = follower.total_bytes_read
         for line in follower.read_new_lines(READ_SLICE_BYTES):
             record = parse_line(line)
             if record is not None:
                 facts.add(record)
+                link.observe(record)
             clock.observe(line, record)
         if follower.total_bytes_read - before < READ_SLICE_BYTES:  # a short slice: the end of the file was reached
             return

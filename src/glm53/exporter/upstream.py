@@ -9,6 +9,7 @@ narrow `UpstreamError` with a `reason` label value. Parsing is a pure function o
 
 from __future__ import annotations
 
+import json
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -128,3 +129,37 @@ def restarted(previous: Snapshot, current: Snapshot) -> bool:
         return True
     now = current.counters()
     return any(key not in now or now[key] < value for key, value in previous.counters().items())
+
+
+def registered_engines(status_url: str, timeout: float = DEFAULT_TIMEOUT_SECONDS) -> int:
+    """How many engine instances the LMCache server has registered, from its `GET /status`.
+
+    lmcache 0.5.6 lmcache/v1/multiprocess/http_apis/info_api.py:63 serves the status of every module; the transfer
+    module reports `registered_gpu_ids` (lmcache/v1/multiprocess/modules/lmcache_driven_transfer.py:406-428). Zero while
+    the engine runs means the server does not know it: every store and retrieve is rejected (LMCache #4642).
+    """
+    try:
+        status = json.loads(fetch_text(status_url, timeout))
+    except json.JSONDecodeError as error:
+        raise UpstreamError(REASON_MALFORMED, f"{status_url} did not answer JSON ({error.msg})") from None
+    ids = _find_key(status, "registered_gpu_ids")
+    if not isinstance(ids, list):
+        raise UpstreamError(REASON_MALFORMED, f"{status_url} lists no registered_gpu_ids")
+    return len(ids)
+
+
+def _find_key(value: object, key: str) -> object:
+    """The first value under `key` anywhere in a JSON document (the status nests it per module), else None."""
+    if isinstance(value, dict):
+        if key in value:
+            return value[key]
+        values: list[object] = list(value.values())
+    elif isinstance(value, list):
+        values = list(value)
+    else:
+        return None
+    for item in values:
+        found = _find_key(item, key)
+        if found is not None:
+            return found
+    return None

@@ -2,15 +2,21 @@
 `--kv-events-config` (where KV-cache events go), checked before anything starts.
 
 Mirrors vLLM 0.33 with LMCache's `LMCacheMPConnector`: `kv_connector_extra_config` carries `lmcache.mp.host`
-(default `tcp://localhost`), `lmcache.mp.port` (5555), `lmcache.mp.mq_timeout` (300 s, how long start-up waits for
-the server) and `lmcache.mp.heartbeat_interval` (10 s, how long an unreachable server is skipped while serving).
+(default `tcp://localhost`) and `lmcache.mp.port` (5555), which the connector joins into the server's URL
+(lmcache_mp_connector.py:638-650), and the keys LMCache's adapters resolve themselves (`ExtraConfigDefault`,
+vllm_multi_process_adapter.py:100-151), among them `lmcache.mp.mq_timeout` (300 s: each blocking RPC, start-up
+included) and `lmcache.mp.heartbeat_interval` (10 s: the ping period and the ping timeout); the stand-in hands those
+to the adapters as given (`kv_client`), the two numbers checked here first. vLLM's own `kv_load_failure_policy`
+(`fail` or `recompute`, default `fail`: vllm 0.33.0 vllm/config/kv_transfer.py:88-91) says what becomes of a request
+whose KV load from LMCache failed (`engine`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from glm53.errors import Glm53Error
@@ -20,6 +26,9 @@ DEFAULT_HOST = "tcp://localhost"
 DEFAULT_PORT = 5555
 DEFAULT_MQ_TIMEOUT = 300.0
 DEFAULT_HEARTBEAT_INTERVAL = 10.0
+# vllm 0.33.0 vllm/config/kv_transfer.py:88-91: `Literal["recompute", "fail"] = "fail"`.
+LOAD_FAILURE_POLICIES = ("recompute", "fail")
+DEFAULT_LOAD_FAILURE_POLICY = "fail"
 
 
 @dataclass(frozen=True)
@@ -27,6 +36,8 @@ class ConnectorConfig:
     url: str
     mq_timeout: float
     heartbeat_interval: float
+    load_failure_policy: str = DEFAULT_LOAD_FAILURE_POLICY
+    extra: Mapping[str, Any] = field(default_factory=dict)  # kv_connector_extra_config as given
 
 
 def _number(extra: dict[str, Any], key: str, default: float) -> float:
@@ -63,10 +74,15 @@ def parse_connector_config(text: str) -> ConnectorConfig:
     host = str(extra.get("lmcache.mp.host", DEFAULT_HOST))
     port = int(_number(extra, "lmcache.mp.port", DEFAULT_PORT))
     url = f"{host if '://' in host else 'tcp://' + host}:{port}"
+    policy = config.get("kv_load_failure_policy", DEFAULT_LOAD_FAILURE_POLICY)
+    if policy not in LOAD_FAILURE_POLICIES:
+        raise Glm53Error(f"--kv-transfer-config kv_load_failure_policy must be 'recompute' or 'fail', got {policy!r}")
     return ConnectorConfig(
         url,
         _number(extra, "lmcache.mp.mq_timeout", DEFAULT_MQ_TIMEOUT),
         _number(extra, "lmcache.mp.heartbeat_interval", DEFAULT_HEARTBEAT_INTERVAL),
+        policy,
+        dict(extra),
     )
 
 

@@ -41,13 +41,18 @@ ATTENTION_BLOCK = Site("interface.py", 1108)  # platforms/interface.py:1108-1112
 ENGINE_INIT = Site("core.py", 139)  # v1/engine/core.py:139-143
 LOAD_DONE = Site("default_loader.py", 506)  # model_executor/model_loader/default_loader.py:506-509, once per worker
 ENGINE_FAILED = Site("core.py", 1584)  # v1/engine/core.py:1584, logger.exception("EngineCore failed to start.")
-ENGINE_FATAL = Site("core.py", 1586)  # v1/engine/core.py:1586, "EngineCore encountered a fatal error."
 SERVER_STARTED = Site("entry.py", 139)  # entrypoints/launchers/api_server/entry.py:139
 RESET = Site("api_router.py", 39)  # entrypoints/serve/dev/cache/api_router.py:39
-# lmcache integration/vllm/lmcache_mp_connector.py:667-673; a record names the line its call starts on, 667 (what the
-# real engine logs).
+# v1/core/sched/scheduler.py:3764-3770 and :3773-3777 (_handle_invalid_blocks), per policy, for one KV group only.
+LOAD_FAILED = Site("scheduler.py", 3764)
+LOAD_RECOVERED = Site("scheduler.py", 3773)
+# entrypoints/generate/base/serving.py:203-206 (_raise_if_error): a request finished with FinishReason.ERROR.
+GENERATION_ERROR = Site("serving.py", 203)
+# lmcache integration/vllm/lmcache_mp_connector.py; a record names the line its call starts on (what the real engine
+# logs): :667-673 the geometry, :1280-1284 the bypass of a request whose load failed.
 GEOMETRY = Site("lmcache_mp_connector.py", 667)
-GEOMETRY_LOGGER = "lmcache.integration.vllm.lmcache_mp_connector"
+BYPASS = Site("lmcache_mp_connector.py", 1280)
+CONNECTOR_LOGGER = "lmcache.integration.vllm.lmcache_mp_connector"
 
 
 class VllmFormatter(logging.Formatter):
@@ -126,18 +131,21 @@ def banner_format(environ: Mapping[str, str]) -> str:
     return PLAIN_BANNER if plain else LOGO
 
 
-def log_geometry(group_tokens_per_block: list[int], scheduler_block_size: int, cache_model_name: str) -> None:
-    """The connector's geometry line through LMCache's real logger, as lmcache_mp_connector.py:667-673 logs it."""
+def log_connector(level: int, site: Site, message: str, *args: Any) -> None:
+    """A line of LMCache's connector through LMCache's real logger, at the connector's site."""
     from lmcache.logging import init_logger  # the pod extra; never imported by the slim toolkit
 
-    logger = init_logger(GEOMETRY_LOGGER)
-    record = logger.makeRecord(
-        GEOMETRY_LOGGER,
+    logger = init_logger(CONNECTOR_LOGGER)
+    logger.handle(logger.makeRecord(CONNECTOR_LOGGER, level, site.file, site.line, message, args, None))
+
+
+def log_geometry(group_tokens_per_block: list[int], scheduler_block_size: int, cache_model_name: str) -> None:
+    """The connector's geometry line, as lmcache_mp_connector.py:667-673 logs it."""
+    log_connector(
         logging.INFO,
-        GEOMETRY.file,
-        GEOMETRY.line,
+        GEOMETRY,
         "Resolved LMCache MP geometry: group_tokens_per_block=%s, scheduler_block_size=%d, cache_model_name=%s",
-        (group_tokens_per_block, scheduler_block_size, cache_model_name),
-        None,
+        group_tokens_per_block,
+        scheduler_block_size,
+        cache_model_name,
     )
-    logger.handle(record)

@@ -10,6 +10,7 @@ vLLM 0.33's (tests/test_standin_conformance.py holds them to the real engine); w
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from dataclasses import dataclass
@@ -50,6 +51,23 @@ class ApiError(Exception):
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}}
+
+
+def generation_error() -> ApiError:
+    """What a client gets for a request the engine finished with FinishReason.ERROR (a failed KV load under
+    kv_load_failure_policy=fail): vllm 0.33.0 entrypoints/generate/base/serving.py:200-207 raises
+    `GenerationError("Internal server error")`, which serve/exception_handling/error_response.py:60-67 turns into a
+    500 `InternalServerError` body (handlers/vllm_error.py:69-77 answers it, as JSON, when not streaming)."""
+    return ApiError(500, "Internal server error", "InternalServerError")
+
+
+def stream_error_event(chat: bool) -> bytes:
+    """The event a stream gets instead of its tokens (after its 200 and before `data: [DONE]`): a completion's is
+    `json.dumps` of the body (completion/serving.py:552-553, generate/base/serving.py:183-198), a chat's pydantic's
+    compact dump (chat_completion/serving.py:947-950 and :496-497)."""
+    body = generation_error().body()
+    text = json.dumps(body, separators=(",", ":")) if chat else json.dumps(body)
+    return b"data: " + text.encode() + b"\n\n"
 
 
 def validation_error(message: str, parameter: str, value: object) -> ApiError:

@@ -29,9 +29,11 @@ E2E_BUCKETS = (
 )
 LABELS = ("model_name", "engine")
 # vllm 0.33.0 v1/engine/__init__.py:49-72 (FinishReason, as str): vllm:request_success has one series per reason,
-# all created up front (loggers.py:807-819); the stand-in's requests always end by length.
+# all created up front (loggers.py:807-819); the stand-in's requests end by length, or by error when their KV load
+# failed under kv_load_failure_policy=fail.
 FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
 FINISHED_BY_LENGTH = "length"
+FINISHED_BY_ERROR = "error"
 
 
 class VllmMetrics:
@@ -75,6 +77,7 @@ class VllmMetrics:
         )  # loggers.py:809
         by_reason = {reason: success.labels(**values, finished_reason=reason) for reason in FINISHED_REASONS}
         self.request_success = by_reason[FINISHED_BY_LENGTH]
+        self.request_error = by_reason[FINISHED_BY_ERROR]
         usage = Gauge(
             "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", LABELS, registry=self.registry
         )  # loggers.py:620

@@ -1,4 +1,4 @@
-"""`glm53 mock vllm`: a CPU stand-in for `vllm serve` whose KV path is the real LMCache server, via its own client.
+"""`glm53 mock vllm`: a CPU stand-in for `vllm serve` whose KV path is the real LMCache server, via its own connector.
 
 Start-up follows vLLM 0.33 with `LMCacheMPConnector`, logging what the probe reads in vLLM's own format
 (`glm53.mock.logs`): the start banner, for hybrid profiles `Setting attention block size to N tokens ...`, a simulated
@@ -8,8 +8,13 @@ the scheduler, the scheduler's chunk check (a misfit -> `ValueError: LMCache chu
 group 0 tokens_per_block 1152`, lmcache_mp_connector.py:812-820), each worker's KV registration, then serving. Start-up
 failures log `EngineCore failed to start.` with the traceback (vllm v1/engine/core.py:1584) and the API server's
 `RuntimeError` (v1/engine/utils.py:1473-1476), and the stand-in exits 1 with one line. The HTTP port is bound first so
-a taken port fails at once; until the engine is ready every route answers 503. If the server stops answering while
-serving, the request gets a 500 and the stand-in exits 1 naming the server: a dead sidecar must not look healthy.
+a taken port fails at once; until the engine is ready every route answers 503.
+After Ready the stand-in is vLLM with LMCache's connector, whose adapters it drives (`glm53.mock.kv_client`): a lost
+sidecar puts it in degraded mode, not down. It keeps serving and `/health` stays 200; lookups miss, stores are dropped,
+and a request whose KV load failed ends as `kv_load_failure_policy` says (`glm53.mock.engine`): with `fail`, vLLM's
+default, a 500 `Internal server error` (in a stream: a 200 whose one event is that error); with `recompute`, a
+normal answer. A sidecar back after a failed ping is registered again; one back sooner rejects every store and load
+until the engine restarts (LMCache #4642).
 With `--enable-scale-out` it also answers vLLM's render routes (`glm53.mock.render`), which vllm-router tokenizes
 through; without it they answer 403, as in `vllm serve`.
 """
@@ -32,7 +37,7 @@ from glm53.chunks import required_alignment
 from glm53.errors import EXIT_FAILURE, Glm53Error
 from glm53.mock import logs, model, openai_api, render
 from glm53.mock.connector import ConnectorConfig, KVEventsConfig
-from glm53.mock.engine import Engine, EngineSettings, EventSink, Outcome
+from glm53.mock.engine import Engine, EngineSettings, EventSink, LoadFailed, Outcome
 from glm53.mock.local_cache import LocalPrefixCache
 from glm53.mock.logs import VLLM_VERSION, VllmLogger
 from glm53.mock.model import ComputeCost
@@ -48,8 +53,6 @@ from glm53.mock.vllm_metrics import VllmMetrics
 from glm53.profiles import ModelProfile
 
 DEFAULT_LOCAL_CACHE_TOKENS = 262_144
-# While serving, an LMCache RPC that takes longer than this means the server is gone (start-up uses mq_timeout).
-SERVING_TIMEOUT = 10.0
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
 
 
@@ -155,7 +158,6 @@ class VllmServer:
         self.config = config
         self.ready = threading.Event()
         self.stop = threading.Event()
-        self.lost: Glm53Error | None = None
         self.engine: Engine | None = None
         self.metrics: VllmMetrics | None = None
         self.api_log = VllmLogger("APIServer", _Pids.api)
@@ -165,15 +167,9 @@ class VllmServer:
     def worker_log(self, rank: int) -> VllmLogger:
         return VllmLogger(worker_process_name(rank, self.config.tensor_parallel_size), _Pids.worker(rank))
 
-    def server_lost(self, error: Glm53Error) -> None:
-        """Called by the engine when LMCache stops answering: report once, then stop serving."""
-        if self.lost is None:
-            self.lost = error
-            self.engine_log.error(logs.ENGINE_FATAL, "EngineCore encountered a fatal error.\n%s", error.message)
-        self.stop.set()
-
     def _fail(self, error: Exception) -> StartupFailed:
-        """Log the failure the way vLLM does (traceback through its formatter, then the API server's error)."""
+        """Log the failure the way vLLM does (traceback through its formatter, then the API server's error); the
+        summary is the error's first line (LMCache's connection errors go on with advice)."""
         try:
             raise error
         except Exception:
@@ -183,7 +179,8 @@ class VllmServer:
             "Failed core proc(s): {'EngineCore_DP0': 1}\n"
         )
         sys.stdout.flush()
-        return StartupFailed(f"{type(error).__name__}: {error}")
+        first_line = str(error).partition("\n")[0]
+        return StartupFailed(f"{type(error).__name__}: {first_line}")
 
     def start_engine(self) -> bool:
         """Load, connect to LMCache and build the engine; False if a stop signal came first."""
@@ -221,35 +218,33 @@ class VllmServer:
     def _connect(self, groups: tuple[int, ...], block_size: int, prefix_caching: bool) -> Engine | None:
         """The engine with its LMCache connection, or None if a stop signal came first."""
         try:
-            from glm53.mock.kv_client import KVClient, KVLayout, ServerLost, Stopped  # torch + LMCache: pod extra
+            from glm53.mock.kv_client import KVClient, KVLayout, Stopped  # torch + LMCache: pod extra
         except ImportError as error:
             raise Glm53Error(
-                f"the engine stand-in talks to LMCache through LMCache's own client, which is not installed "
+                f"the engine stand-in talks to LMCache through LMCache's own connector, which is not installed "
                 f"({error}); install the pod extra: pip install -e '.[pod]'",
                 EXIT_FAILURE,
             ) from None
         c = self.config
-        kv = KVClient(c.connector.url, SERVING_TIMEOUT, self.stop)
+        kv = KVClient(c.connector, self.stop)
         try:
-            try:
-                chunk_size = kv.chunk_size(c.connector.mq_timeout)
-            except ServerLost:
+            chunk_size = kv.chunk_size()
+            if chunk_size is None:
                 # vllm_multi_process_adapter.py:305-318 (_raise_server_unreachable), first line of its message.
                 raise self._fail(
                     ConnectionError(
                         f"Cannot reach the LMCache MP server at '{c.connector.url}' within {c.connector.mq_timeout}s."
                     )
-                ) from None
+                )
             for _ in range(c.tensor_parallel_size + 1):  # each worker, then the scheduler (connector:668)
                 logs.log_geometry(list(groups), block_size, c.model)
             misfit = chunk_misfit(chunk_size, groups)
             if misfit is not None:
                 raise self._fail(ValueError(misfit))
-            layout = KVLayout(c.model, c.tensor_parallel_size, groups, block_size, c.max_model_len)
             try:
-                kv.register(layout)
-            except ServerLost as error:
-                raise self._fail(ConnectionError(error.message)) from None
+                kv.connect(KVLayout(c.model, c.tensor_parallel_size, groups, block_size, c.max_model_len))
+            except ConnectionError as error:  # the adapters' own: the server stopped answering (mq_timeout)
+                raise self._fail(error) from None
         except Stopped:
             kv.close()
             return None
@@ -261,9 +256,17 @@ class VllmServer:
         self.metrics = VllmMetrics(c.served_model_name, lambda: len(local) / capacity)
         noise_sd = 0.0 if c.profile.bit_exact_outputs else model.NOISE_SD
         settings = EngineSettings(
-            block_size, groups, chunk_size, c.profile.strict_prefix, c.fault, c.seed, c.cost, noise_sd
+            block_size,
+            groups,
+            chunk_size,
+            c.profile.strict_prefix,
+            c.fault,
+            c.seed,
+            c.cost,
+            noise_sd,
+            c.connector.load_failure_policy,
         )
-        return Engine(settings, local, kv, self.metrics, self.server_lost, self._event_publisher())
+        return Engine(settings, local, kv, self.metrics, self.engine_log, self._event_publisher())
 
     def _event_publisher(self) -> EventSink | None:
         """vLLM's ZMQ KV-event publisher when `--kv-events-config` enables it (vllm/distributed/kv_events.py)."""
@@ -330,7 +333,7 @@ def _handler(server: VllmServer) -> type[JsonHandler]:
             return parts.path, parse_qs(parts.query)
 
         def _not_ready(self) -> bool:
-            if server.ready.is_set() and server.lost is None:
+            if server.ready.is_set():
                 return False
             self.send_json(503, {"error": {"message": "the engine is not serving", "code": 503}})
             return True
@@ -419,7 +422,12 @@ def _handler(server: VllmServer) -> type[JsonHandler]:
                 return
             try:
                 if not request.stream:
-                    outcome = server.engine.run(request.prompt)
+                    try:
+                        outcome = server.engine.run(request.prompt)
+                    except LoadFailed:
+                        self._generation_error(request)
+                        self.send_json(500, openai_api.generation_error().body())
+                        return
                     details = config.enable_prompt_tokens_details
                     self.send_json(200, openai_api.response(request, outcome, details, server.fingerprint))
                     return
@@ -427,24 +435,43 @@ def _handler(server: VllmServer) -> type[JsonHandler]:
             except Glm53Error as error:
                 self.send_json(500, openai_api.ApiError(500, error.message, "InternalServerError").body())
 
+        def _generation_error(self, request: openai_api.ApiRequest) -> None:
+            """The API server's line for a request the engine finished with an error (serving.py:203-206)."""
+            kind = "chatcmpl" if request.chat else "cmpl"
+            server.api_log.error(
+                logs.GENERATION_ERROR,
+                "Request %s failed with an internal error during generation",
+                f"{kind}-{openai_api.random_uuid()}",
+            )
+
+        def _start_stream(self) -> None:
+            self.close_connection = True
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+
         def _stream(self, request: openai_api.ApiRequest) -> None:
             assert server.engine is not None
             events: list[dict[str, Any]] = []
 
             def on_token(outcome: Outcome, index: int) -> None:
                 if not events:
-                    self.close_connection = True
-                    self.send_response(200)
-                    self.send_header("Content-Type", "text/event-stream")
-                    self.send_header("Connection", "close")
-                    self.end_headers()
+                    self._start_stream()
                     details = config.enable_prompt_tokens_details
                     events.extend(openai_api.stream_events(request, outcome, details, server.fingerprint))
                 self._event(events[index])
 
-            outcome = server.engine.run(request.prompt, on_token)
-            for event in events[len(outcome.generation.words) :]:
-                self._event(event)
+            try:
+                outcome = server.engine.run(request.prompt, on_token)
+            except LoadFailed:
+                # The stream has answered 200 before the engine's first output (FastAPI's StreamingResponse).
+                self._generation_error(request)
+                self._start_stream()
+                self.wfile.write(openai_api.stream_error_event(request.chat))
+            else:
+                for event in events[len(outcome.generation.words) :]:
+                    self._event(event)
             self.wfile.write(b"data: [DONE]\n\n")
 
         def _event(self, payload: dict[str, Any]) -> None:
@@ -481,8 +508,6 @@ def serve(config: VllmConfig) -> int:
         server.ready.set()
         server.api_log.info(logs.SERVER_STARTED, "Starting vLLM server on %s", f"http://{config.host}:{config.port}")
         server.stop.wait()
-        if server.lost is not None:
-            raise server.lost
         return 0
     finally:
         http.shutdown()

@@ -7,6 +7,7 @@ weights.source=newPvc with replicaCount > 1, the StatefulSet (statefulset.yaml).
 {{- $mock := .Values.mock.enabled }}
 {{- $real := include "glm53.realCpuEngine" . }}
 {{- $dra := and .Values.dra.enabled (not $mock) }}
+{{- $stage := include "glm53.staging.enabled" . }}
 {{- $ctx := dict "ctx" . "component" "engine" -}}
 metadata:
   labels:
@@ -55,9 +56,10 @@ spec:
     - name: gpus
       resourceClaimTemplateName: {{ include "glm53.fullname" . }}-gpus
   {{- end }}
-  {{- if or .Values.lmcache.enabled $real }}
+  {{- if or .Values.lmcache.enabled $real $stage }}
   initContainers:
-    {{- if $real }}
+    {{- if $stage }}{{ include "glm53.staging.initContainer" . | nindent 4 }}{{ end }}
+    {{- if and $real (not $stage) }}
     # The real CPU engine's model, made in the pod before anything else starts (no hub is reached): a tokenizer
     # trained here, a config and seeded weights (glm53.tinymodels).
     - name: tiny-model
@@ -140,7 +142,7 @@ spec:
       imagePullPolicy: {{ include "glm53.imagePullPolicy" . }}
       command: {{ include "glm53.supervisorCommand" . }}
       args:
-        {{- include "glm53.vllmContainerArgs" . | fromJsonArray | toYaml | nindent 8 }}
+        {{- include "glm53.staging.vllmContainerArgs" . | fromJsonArray | toYaml | nindent 8 }}
       ports:
         - name: http
           containerPort: {{ include "glm53.vllmPort" . }}
@@ -158,7 +160,7 @@ spec:
         {{- end }}
         - name: HF_HOME
           value: {{ .Values.weights.mountPath }}/huggingface
-        {{- if or .Values.weights.offline $real }}
+        {{- if or .Values.weights.offline $real $stage }}
         - name: HF_HUB_OFFLINE
           value: "1"
         {{- end }}

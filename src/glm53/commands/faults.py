@@ -1,0 +1,91 @@
+"""`glm53 faults`: the sidecar's faults on the chart's CPU pod, under load; one table per setting (glm53.faults).
+
+Exit 0 when, with the chart's settings, every fault ended with no failed and no hung request and LMCache's hits back
+within HITS_BACK_BOUND_S; 1 otherwise; 2 for usage errors. Upstream's defaults are measured for comparison only: their
+failures are the point of the table, not a failure of the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+
+from glm53.commands.session import add_session_arguments, session
+from glm53.errors import EXIT_FAILURE, EXIT_OK, Glm53Error
+from glm53.faults.load import LoadShape
+from glm53.faults.suite import FAULTS, SETTINGS, SuiteOptions, parse_faults, run_suite
+from glm53.faults.table import FaultRow, format_table
+from glm53.pod import ENGINES, engine_and_profile, say_to
+from glm53.profiles import PROFILES
+
+# The bound the chart's settings are held to, from the sidecar answering again (its restart held 25 s, then its own
+# start-up): the engine's next ping (10 s apart) registers again, and the next document stored is found whole.
+HITS_BACK_BOUND_S = 60.0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="glm53 faults",
+        description="Run the chart's CPU pod on loopback (restarting containers as the kubelet does), put it under "
+        "load, and hurt its LMCache sidecar: kill, term, freeze, kill-slow, and an idle engine past the reaper. "
+        "Prints, per setting: requests sent / failed / hung, seconds until LMCache hits return, hit tokens after "
+        "recovery against the expected number, and the containers restarted.",
+    )
+    parser.add_argument("--engine", choices=ENGINES, default="vllm", help="vllm (default, the real engine) or standin")
+    parser.add_argument("--profile", choices=list(PROFILES), help="model profile (default: the engine's default)")
+    parser.add_argument(
+        "--settings",
+        choices=[*SETTINGS, "both"],
+        default="both",
+        help="chart: the chart's lmcache.resilience; upstream: vLLM's and LMCache's defaults; both (default)",
+    )
+    parser.add_argument(
+        "--faults",
+        default=",".join(FAULTS),
+        metavar="LIST",
+        help=f"comma-separated faults, played in this order whatever the list's: {', '.join(FAULTS)} (default: all)",
+    )
+    parser.add_argument("--clients", type=int, default=2, help="concurrent clients of the load (default 2)")
+    parser.add_argument("--json", dest="json_path", metavar="FILE", help="also write the rows as JSON")
+    add_session_arguments(parser, "where each setting's pod keeps its volumes and container logs (kept)")
+    return parser
+
+
+def holds(rows: Sequence[FaultRow]) -> bool:
+    """The chart's promise: nothing failed, nothing hung, and the cache came back within the bound."""
+    return all(
+        r.failed == 0 and r.hung == 0 and r.hits_back_s is not None and r.hits_back_s <= HITS_BACK_BOUND_S for r in rows
+    )
+
+
+def main(argv: Sequence[str]) -> int:
+    args = build_parser().parse_args(argv)
+    say = say_to(sys.stdout)
+    faults = tuple(parse_faults([name.strip() for name in args.faults.split(",") if name.strip()]))
+    engine, profile = engine_and_profile(args.engine, args.profile, None)
+    if args.clients < 1:
+        raise Glm53Error(f"--clients must be at least 1, got {args.clients}")
+    settings = list(SETTINGS) if args.settings == "both" else [args.settings]
+    results: dict[str, list[FaultRow]] = {}
+    with session("faults", args.workdir, args.keep) as run:
+        for setting in settings:
+            options = SuiteOptions(profile, engine, setting, faults, LoadShape(clients=args.clients), chart=args.chart)
+            say(f"faults: {profile.name} on the {engine} engine, {setting} settings")
+            results[setting] = run_suite(options, run.workdir / setting, say)
+        for setting, rows in results.items():
+            for line in format_table(f"\n{setting} settings ({engine} engine, {profile.name}):", rows):
+                print(line)
+        if args.json_path:
+            with open(args.json_path, "w", encoding="utf-8") as out:
+                json.dump({s: [asdict(r) for r in rows] for s, rows in results.items()}, out, indent=2)
+        run.passed = holds(results.get("chart", []))
+        if "chart" in results:
+            verdict = "hold" if run.passed else "do NOT hold"
+            say(
+                f"faults: the chart's settings {verdict}: 0 failed, 0 hung, hits back within {HITS_BACK_BOUND_S:g} s "
+                "of the fault being over"
+            )
+        return EXIT_OK if run.passed or "chart" not in results else EXIT_FAILURE
