@@ -179,7 +179,7 @@ def test_every_pip_cache_mount_is_the_cache_pip_uses() -> None:
         if mount.get("type") == "cache" and mount["target"].endswith("/pip")
     ]
 
-    assert len(pip_mounts) == 4  # vLLM, the LMCache build, the LMCache wheel, the toolkit
+    assert len(pip_mounts) == 5  # vLLM, the LMCache build, the LMCache wheel, the FlashInfer kernels, the toolkit
     assert pip_cache_mismatches(text) == []
 
 
@@ -384,3 +384,79 @@ def test_the_check_rejects_bad_input_in_one_sentence(argv: list[str], message: s
     )
 
     assert (done.returncode, done.stderr) == (1, f"check-python: error: {message.format(**values)}\n")
+
+
+def test_the_python_version_argument_is_checked_before_apt_installs_anything() -> None:
+    # Ubuntu 24.04 has no python3.11 package: checked only after apt, PYTHON_VERSION=3.11 would stop in apt's words.
+    runs = [i.arguments for i in stage("base").instructions if i.keyword == "RUN"]
+
+    assert runs[0] == 'bash /opt/glm53/libexec/check-python.sh "${PYTHON_VERSION}" /opt/glm53/share/constraints.txt'
+    assert "apt-get install" in runs[1]
+
+
+def test_another_python_version_argument_fails_in_one_sentence() -> None:
+    done = check_python("3.11")
+
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr.splitlines() == [
+        "check-python: error: expected Python 3.12, the only one constraints.txt was resolved for, but PYTHON_VERSION "
+        "is 3.11; build with --build-arg PYTHON_VERSION=3.12, or set TARGET_PYTHON in joint_deps.py to 3.11 and "
+        "regenerate constraints.txt (joint_deps.py --python python3.11 --write)."
+    ]
+
+
+def test_the_python_version_argument_the_constraints_were_resolved_for_passes() -> None:
+    done = check_python("3.12")
+
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout == "check-python: PYTHON_VERSION is Python 3.12, the one constraints.txt was resolved for.\n"
+
+
+# ---- FlashInfer's precompiled kernels ----------------------------------------------------------------------------
+
+
+def flashinfer_run() -> str:
+    (command,) = [c.command for c in run_contexts(serving()) if "flashinfer download-kernels" in c.command]
+    return command
+
+
+def test_flashinfer_kernels_are_downloaded_by_default_in_the_runtime_stage() -> None:
+    # vLLM 0.33 vllm/utils/flashinfer.py:88-106: without flashinfer-cubin (and with no nvcc in the runtime stage)
+    # has_flashinfer() is False and every FlashInfer backend is off.
+    (default,) = re.findall(r"^ARG FLASHINFER_KERNELS=(\S+)$", serving(), flags=re.MULTILINE)
+    runtime_args = {
+        name for i in stage("runtime").instructions if i.keyword == "ARG" for name in arg_names(i.arguments)
+    }
+    (context,) = [c for c in run_contexts(serving()) if "flashinfer download-kernels" in c.command]
+
+    assert default == "download"
+    assert {"FLASHINFER_KERNELS", "FLASHINFER_INDEX_URL", "TORCH_CUDA_ARCH_LIST"} <= runtime_args
+    assert (context.stage, context.user) == ("runtime", "root")
+    assert {"type": "cache", "target": "/root/.cache/pip"} in mounts(context.command)
+
+
+def test_flashinfer_kernels_come_for_the_arch_list_at_flashinfer_python_s_version() -> None:
+    command = flashinfer_run()
+
+    # One --sm per TORCH_CUDA_ARCH_LIST entry (FlashInfer's `--sm` takes 9.0 as sm90), the index overridable, and
+    # the versions checked equal afterwards: FlashInfer refuses kernels of another version.
+    assert "$(printf -- '--sm=%s ' ${TORCH_CUDA_ARCH_LIST//+PTX/})" in command
+    assert '--cubin-index-url "${FLASHINFER_INDEX_URL}"' in command
+    assert '--jit-cache-index-url "${FLASHINFER_INDEX_URL}/cu$(tr -d . <<<"$cuda")"' in command
+    assert '("flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache")' in command
+    assert "none) " in command and "*) " in command and "exit 1" in command
+
+
+def test_flashinfer_kernels_come_after_the_lmcache_wheel_and_before_build_info() -> None:
+    runs = [i.arguments for i in stage("runtime").instructions if i.keyword == "RUN"]
+    position = {
+        name: next(n for n, run in enumerate(runs) if marker in run)
+        for name, marker in [
+            ("lmcache", "/mnt/lmcache-*.whl"),
+            ("flashinfer", "flashinfer download-kernels"),
+            ("build-info", "build_info.py"),
+        ]
+    }
+
+    assert position["lmcache"] < position["flashinfer"] < position["build-info"]
+    assert '--set "flashinfer_kernels=${FLASHINFER_KERNELS}"' in runs[position["build-info"]]
