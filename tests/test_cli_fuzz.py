@@ -8,8 +8,8 @@ the command's own progress lines (`validate: connecting to ...`); `SystemExit` m
 
 Commands that serve until stopped never get a usable port: the mock servers and the exporter run as subprocesses with
 every port option set to an impossible value (a run that outlives its timeout is a finding: some value was accepted
-that should not be); `pod`, `fleet` and `faults` always get an invalid `--profile` (so only their argument parsing is covered);
-`kind-smoke` always runs with `--dry-run`.
+that should not be); `pod`, `fleet` and `faults` always get an invalid `--profile` (so only their argument parsing is
+covered); `kind-smoke` always runs with `--dry-run`.
 """
 
 from __future__ import annotations
