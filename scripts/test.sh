@@ -20,4 +20,6 @@ ruff format --check src tests benchmarks docker
 echo "== mypy"
 mypy
 echo "== pytest"
-pytest "$@"
+# Two workers: most of the suite waits on servers and held-back restarts (tests/conftest.py groups what must stay
+# together). A later `-n 0` in the arguments runs everything in this process.
+pytest -n 2 --dist loadgroup "$@"

@@ -327,12 +327,16 @@ def test_lmcache_killed_mid_run_the_stand_in_serves_on_and_registers_again(tmp_p
     LMCache's connector, keeps serving in degraded mode (LMCache's own adapters), registers its KV caches with the
     new server, and validation finishes instead of hanging."""
     with started(tmp_path) as pod, kubelet(pod, lambda _: None) as loop:
-        run = validate(pod, "--checks", "equivalence,boundary", "--runs", "4", "--timeout", "60")
+        run = validate(pod, "--checks", "equivalence,boundary", "--runs", "8", "--timeout", "60")
         assert run.stderr is not None
+        seen: list[str] = []
         for line in run.stderr:
-            if line.startswith("equivalence: cold run 1/4"):
+            seen.append(line)
+            if line.startswith("equivalence: cold run 1/8"):
                 os.killpg(pod.process("lmcache").process.pid, signal.SIGKILL)
                 break
+        else:
+            pytest.fail(f"validation ended before its first cold run: {''.join(seen)[-2000:]}")
         run.communicate(timeout=600)
         vllm_log = tmp_path / "logs" / "vllm.log"
         deadline = time.monotonic() + 240  # the restart is held 25 s, then the server starts (up to a minute here)

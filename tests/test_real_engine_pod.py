@@ -69,6 +69,8 @@ def test_real_dense_engine_pod_passes_with_hits_counted_by_vllm(tmp_path: Path) 
     for check in ("equivalence", "boundary", "perf", "continuations", "mixed"):
         assert f"{check} [pass]" in out, out
     assert "reloaded vs cold: exact match 100%, per-token agreement 100.0%" in out
+    # The exporter reads the sidecar's own /status: the serving engine registered, the link not degraded.
+    assert "glm53_sidecar_registered_engines 1.0" in out and "glm53_sidecar_link_degraded 0.0" in out, out
     assert "pod: PASS" in out
     no_kv_segments_left(tmp_path)
 

@@ -43,6 +43,8 @@ EXPORTER_HIGHLIGHTS = (
     "glm53_prefix_cache_hit_ratio",
     "glm53_prefix_cache_hit_tokens_total",
     "glm53_strict_prefix_bound_achieved_ratio",
+    "glm53_sidecar_registered_engines",
+    "glm53_sidecar_link_degraded",
 )
 # The real server's own counters the main job shows (lmcache 0.5.6 lmcache_mp_* names, served on its HTTP port).
 LMCACHE_HIGHLIGHTS = (

@@ -37,6 +37,10 @@ import docker
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TOOLS_BIN = REPO_ROOT / ".tools" / "bin"
+# The tests of the session's private engine (conftest.py's fixtures) share it and the images built in it, so under
+# pytest-xdist (scripts/test.sh: `-n 2 --dist loadgroup`) they run on one worker: a second would start a second engine
+# and build every image again.
+ON_THE_SESSIONS_ENGINE = pytest.mark.xdist_group("docker-engine")
 BASE_IMAGE = "glm53/debian-base:bookworm"
 # debootstrap's --include list: Python 3.11 plus venv (ensurepip), and tini (the images' PID 1, which their offline
 # builds cannot fetch; docker/install-tini.sh checks it is the pinned version) on top of minbase.

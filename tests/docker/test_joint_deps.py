@@ -21,6 +21,8 @@ from types import ModuleType
 import pytest
 from dockerkit import REPO_ROOT, load_image_script
 
+# One worker for the module under pytest-xdist: the joint resolution is a module fixture.
+pytestmark = pytest.mark.xdist_group(__name__)
 IMAGE_DIR = REPO_ROOT / "docker" / "vllm-lmcache"
 DOCKERFILE = IMAGE_DIR / "Dockerfile"
 CONSTRAINTS = IMAGE_DIR / "constraints.txt"

@@ -15,6 +15,7 @@ MAX_JOBS=2) and runs once per session; its measured duration is printed and writ
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -26,6 +27,8 @@ from types import ModuleType
 import pytest
 from dockerkit import load_image_script
 
+# One worker for the module under pytest-xdist: the published install and the source build are module fixtures.
+pytestmark = pytest.mark.xdist_group(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 IMAGE_DIR = REPO_ROOT / "docker" / "vllm-lmcache"
 DOCKERFILE = IMAGE_DIR / "Dockerfile"
@@ -99,9 +102,24 @@ def install_into(python: Path, wheel: Path, target: Path) -> Path:
 # ---- Dockerfile (fast) -----------------------------------------------------------------------------------------------
 
 
+# SC3060 ("in POSIX sh, string replacement is undefined") is ignored because it is wrong about this file: every RUN of
+# the runtime stage runs under its `SHELL ["/bin/bash", ...]` (the second test below holds that), where `${X//a/b}` is
+# defined. hadolint 2.15.1 reads the FlashInfer step as POSIX sh only in the whole file: the finding goes away when the
+# stage's `FROM ${CUDA_RUNTIME_IMAGE}` is replaced by a literal image, and it never appears in the stage alone.
+HADOLINT_WRONG_HERE = ("--ignore", "SC3060")
+
+
 def test_dockerfile_passes_hadolint() -> None:
-    done = run([hadolint(), DOCKERFILE])
+    done = run([hadolint(), *HADOLINT_WRONG_HERE, DOCKERFILE])
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+
+
+def test_every_stage_runs_its_steps_under_bash() -> None:
+    stages = re.split(r"^FROM ", DOCKERFILE.read_text(), flags=re.MULTILINE)[1:]
+    for stage in stages:
+        if not stage.startswith("base AS"):  # a stage built FROM base inherits its SHELL
+            first_run = stage.index("\nRUN ")
+            assert '\nSHELL ["/bin/bash", "-o", "pipefail", "-c"]\n' in stage[:first_run], stage.splitlines()[0]
 
 
 def test_every_hadolint_ignore_is_justified_by_the_comment_above_it() -> None:

@@ -17,8 +17,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dockerkit import REPO_ROOT, DockerEngine, MockImageBuild, built_image, mock_build_vars, run_playbook
+from dockerkit import (
+    ON_THE_SESSIONS_ENGINE,
+    REPO_ROOT,
+    DockerEngine,
+    MockImageBuild,
+    built_image,
+    mock_build_vars,
+    run_playbook,
+)
 
+pytestmark = ON_THE_SESSIONS_ENGINE
 TOOLKIT_VERSION: str = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
 DOCKERFILES = {name: REPO_ROOT / "docker" / name / "Dockerfile" for name in ("mock", "router")}
 ENTRYPOINTS = {"mock": ["/usr/bin/tini", "--", "glm53", "supervise"], "router": ["/usr/bin/tini", "--", "vllm-router"]}
