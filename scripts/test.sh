@@ -20,6 +20,6 @@ ruff format --check src tests benchmarks docker
 echo "== mypy"
 mypy
 echo "== pytest"
-# Two workers: most of the suite waits on servers and held-back restarts (tests/conftest.py groups what must stay
-# together). A later `-n 0` in the arguments runs everything in this process.
-pytest -n 2 --dist loadgroup "$@"
+# Two workers: much of the suite waits on servers and held-back restarts (tests/conftest.py says what stays together).
+# A later `-n 0` in the arguments runs everything in this process.
+pytest -n 2 "$@"

@@ -36,15 +36,20 @@ def test_exporter_benchmark_prints_its_scrape_figures() -> None:
 
 
 @pytest.mark.slow
-def test_routing_benchmark_serves_every_request_and_prints_its_ratio_last() -> None:
+def test_routing_benchmark_prints_its_table_the_kill_and_its_ratio_last() -> None:
+    # The stand-in engine at the smallest size (the real engines are the benchmark's own run: docs/operations.md).
     out = run(
         "routing_bench.py",
-        *("--replicas", "2", "--documents", "2", "--questions", "2", "--doc-chunks", "1", "--clients", "2"),
+        *("--engine", "standin", "--replicas", "2", "--documents", "2", "--questions", "2", "--doc-chunks", "1"),
+        *("--clients", "4"),
         timeout=420,
     )
     lines = out.strip().splitlines()
     assert re.fullmatch(r"hit tokens, cache-aware vs round-robin: \d+\.\d\d x", lines[-1]), out
-    policies = [line for line in lines if re.match(r"\s*(round_robin|cache_aware):", line)]
-    assert len(policies) == 2 and all(line.endswith("failed 0") for line in policies), out
-    dead = next(line for line in lines if line.startswith("dead replica"))
-    assert "4/4 requests succeeded" in dead, out
+    rows = [line.split() for line in lines if re.match(r"\s+4\s+(round_robin|cache_aware|kv_aware)\s", line)]
+    assert [row[1] for row in rows] == ["round_robin", "cache_aware", "kv_aware"], out
+    assert all(row[-2] == "0" for row in rows), out  # failed: the column before `requests per replica` (a/b)
+    assert "no cache_salt" in lines[0], out
+    killed = next(line for line in lines if line.startswith("killed replica"))
+    # How many requests die with the replica depends on where they were; the figures are printed, not asserted.
+    assert re.search(r"requests lost \d+, router retries \d+, out of the router's rotation", killed), out

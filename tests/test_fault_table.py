@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
 import pytest
 
 from glm53.faults.load import Outcome
-from glm53.faults.suite import FAULTS, parse_faults
+from glm53.faults.suite import FAULTS, Fault, parse_faults, pod_groups, with_mq_timeout
 from glm53.faults.table import FaultWindow, format_table, row
 from glm53.lifecycle import RestartEvent
 
@@ -57,6 +58,36 @@ def test_a_cache_that_never_came_back_says_never() -> None:
 def test_faults_run_in_the_suites_order_whatever_the_lists() -> None:
     assert [f.name for f in parse_faults(["kill-slow", "idle", "kill"])] == ["idle", "kill", "kill-slow"]
     assert next(iter(FAULTS)) == "idle"
+    # A fault at engine start is played while its pod starts: first, whatever the list says.
+    assert [f.name for f in parse_faults(["kill", "absent", "idle"])] == ["absent", "idle", "kill"]
+
+
+def names(groups: list[tuple[Fault, ...]]) -> list[list[str]]:
+    return [[f.name for f in group] for group in groups]
+
+
+def test_a_fault_at_engine_start_gets_its_pod_and_shares_it_unless_idle_needs_a_fresh_one() -> None:
+    assert names(pod_groups(parse_faults(["kill", "absent"]))) == [["absent", "kill"]]
+    assert names(pod_groups(parse_faults(["kill", "absent", "idle"]))) == [["absent"], ["idle", "kill"]]
+    assert names(pod_groups(parse_faults(["absent-long", "absent", "term"]))) == [["absent"], ["absent-long", "term"]]
+    assert names(pod_groups(parse_faults(["idle", "kill"]))) == [["idle", "kill"]]
+
+
+def test_the_shortened_mq_timeout_goes_into_the_rendered_connector_config() -> None:
+    """The chart renders no `lmcache.mp.mq_timeout` (upstream's 300 s holds); an `absent` pod's engine gets one."""
+    from glm53.pod import ENGINE, PodOptions, engine_and_profile, render_plans
+
+    engine, profile = engine_and_profile("standin", None, None)
+    plan = render_plans(PodOptions(profile, engine, validation=False)).serving
+    argv = plan.container(ENGINE).argv
+    config = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    assert "lmcache.mp.mq_timeout" not in config["kv_connector_extra_config"]
+    shortened = with_mq_timeout(plan, 30.0).container(ENGINE).argv
+    extra = json.loads(shortened[shortened.index("--kv-transfer-config") + 1])["kv_connector_extra_config"]
+    assert extra == {**config["kv_connector_extra_config"], "lmcache.mp.mq_timeout": 30.0}
+    assert [c.argv for c in with_mq_timeout(plan, 30.0).containers if c.name != ENGINE] == [
+        c.argv for c in plan.containers if c.name != ENGINE
+    ]
 
 
 @pytest.mark.parametrize(
@@ -65,6 +96,7 @@ def test_faults_run_in_the_suites_order_whatever_the_lists() -> None:
         (["--faults", "explode"], "unknown fault 'explode'"),
         (["--clients", "0"], "--clients must be at least 1"),
         (["--engine", "vllm", "--profile", "glm53"], "tiny CPU test model"),
+        (["--engine", "standin", "--faults", "kill,absent"], "the absent faults need --engine vllm"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:

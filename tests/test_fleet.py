@@ -1,18 +1,22 @@
 """The CPU fleet: N pods behind the real vllm-router on loopback (`glm53 fleet`, `glm53.fleet`).
 
 The router's command line is checked with vllm-router's own parser; the fleet itself runs for real: validated through
-the router, a replica killed and taken out by the router's /health checks while requests keep succeeding, and no
-process left behind after a run or an interrupt (the marker fixture of test_pod checks /proc).
+the router, a replica killed and taken out by the router's /health checks while requests keep succeeding, the router
+killed and restarted under load losing only what it held, and no process left behind after a run or an interrupt (the
+marker fixture of test_pod checks /proc).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import json
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,6 +27,7 @@ from glm53.errors import Glm53Error
 from glm53.fleet import (
     FleetSpec,
     healthy_workers,
+    kill_engine,
     replica_url,
     router_command,
     running_fleet,
@@ -83,7 +88,7 @@ def test_kv_aware_binds_each_worker_to_its_event_publisher(tmp_path: Path) -> No
         "enable_kv_cache_events": True,
         "publisher": "zmq",
         "endpoint": "tcp://*:5557",  # vLLM binds only wildcard endpoints (kv_events.py:461-467)
-        "topic": "kv-events",
+        "topic": "",  # vllm-router 0.1.17 static sources subscribe to "" exactly (src/kv_index/subscriber.rs:179-186)
     }
 
 
@@ -145,9 +150,9 @@ def test_fleet_validates_through_the_router_and_survives_a_dead_replica(tmp_path
         assert report.equivalence is not None and report.boundary is not None and report.perf is None
         victim = fleet.pods[1]
         victim.process("vllm").stop(1.0)
-        # The router's GET /health checks (every 1 s, out after 2 misses) take the dead replica out. Requests routed
-        # to it before that can fail with the router's 500 ("error sending request"): vllm-router 0.1.17 does not
-        # re-route them (measured), which is why the chart's health checks run every few seconds.
+        # The router's GET /health checks (every 1 s, out after 2 misses) take the dead replica out. A request routed
+        # to it before that gets a 500 from the router, which it retries (vllm-router 0.1.17 src/core/retry.rs:9-19;
+        # the fleet's backoffs outlast the health check); a stream broken after its 200 is not retried.
         deadline = time.monotonic() + 15
         while replica_url(victim) in fleet.healthy() and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -168,3 +173,94 @@ def test_interrupted_fleet_leaves_no_process(signum: int, tmp_path: Path, marker
     stderr = interrupted(command, "fleet: vllm-router (cache_aware) at ", signum, marker, 7)
     assert "glm53 fleet: interrupted" in stderr.splitlines()
     assert "Traceback" not in stderr
+
+
+class _Load:
+    """Clients that keep sending short completions to the router until stopped, counting what became of each.
+
+    A request whose connection is refused never reached a router (the port had no listener: the restart's gap, where a
+    Service would have no ready endpoint), so the client tries it again; a request that was sent and then failed is
+    lost. `in_flight` counts the requests sent and not yet answered.
+    """
+
+    def __init__(self, port: int, clients: int) -> None:
+        self.port = port
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.in_flight = self.answered = self.lost = self.refused = 0
+        self.answered_after_restart = 0
+        self.restarted = False
+        self.threads = [threading.Thread(target=self._client, args=(i,), daemon=True) for i in range(clients)]
+
+    def _client(self, index: int) -> None:
+        body = json.dumps({"model": FLASH.model_id, "prompt": f"client {index} asks", "max_tokens": 1}).encode()
+        while not self.stop.is_set():
+            connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+            try:
+                connection.connect()
+            except ConnectionRefusedError:
+                with self.lock:
+                    self.refused += 1
+                time.sleep(0.05)
+                continue
+            with self.lock:
+                self.in_flight += 1
+            try:
+                connection.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+                response = connection.getresponse()
+                response.read()
+                ok = response.status == 200
+            except (OSError, http.client.HTTPException):
+                ok = False
+            finally:
+                connection.close()
+            with self.lock:
+                self.in_flight -= 1
+                if ok:
+                    self.answered += 1
+                    self.answered_after_restart += self.restarted
+                else:
+                    self.lost += 1
+
+    def wait_for(self, what: Callable[[], bool], deadline_s: float = 60.0) -> None:
+        deadline = time.monotonic() + deadline_s
+        while not what():
+            assert time.monotonic() < deadline, "the load made no progress within a minute"
+            time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_a_restarted_router_loses_only_the_requests_it_was_serving(tmp_path: Path, marker: str) -> None:  # noqa: F811
+    spec = FleetSpec(FLASH, 2, "cache_aware", tmp_path)
+    with running_fleet(spec, lambda line: None) as fleet:
+        load = _Load(fleet.port, 4)
+        for thread in load.threads:
+            thread.start()
+        try:
+            load.wait_for(lambda: load.answered >= 10)
+            with load.lock:  # nothing is sent or answered while the router dies: the count is exact
+                serving = load.in_flight
+                lost_before = load.lost
+                fleet.restart_router()  # SIGKILL to the router's process group, then the same command again
+                load.restarted = True
+            load.wait_for(lambda: load.answered_after_restart >= 10)
+        finally:
+            load.stop.set()
+            for thread in load.threads:
+                thread.join(60)
+        # Only what the killed router held (sent, not answered) may fail; nothing the new router accepted did.
+        assert load.lost - lost_before <= serving, (load.lost, lost_before, serving)
+        assert lost_before == 0
+        # Readiness waits for a healthy engine: with every engine dead, the restarted router does not serve at all,
+        # not even GET /readiness (the chart's readiness probe), because vllm-router 0.1.17 with static workers waits
+        # for every worker's /health before it listens (src/routers/http/router.rs:971-1040, called from Router::new
+        # at :364; it exits after --worker-startup-timeout-secs). Discovered workers (the chart) give 503 instead.
+        for pod in fleet.pods:
+            kill_engine(pod)
+        fleet.restart_router()
+        for _ in range(3):
+            status, detail = fleet.readiness()
+            assert status != 200, detail
+            fleet.check_router()  # still waiting, not crashed
+            time.sleep(0.5)
+    assert_no_process_left(marker)

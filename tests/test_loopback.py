@@ -259,3 +259,19 @@ def test_only_fresh_kv_segments_of_dead_processes_are_removed(tmp_path: Path) ->
     os.utime(tmp_path / names[2], (1.0, 1.0))  # from before the pod started
     assert remove_stale_kv_segments(tmp_path, since=1000.0) == [names[0]]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[1:])
+
+
+def test_relocation_moves_every_per_rank_servers_ports_in_the_connectors_url_list(tmp_path: Path) -> None:
+    """lmcache.serverLayout=perRank: four servers' ZMQ and HTTP ports, and the four URLs in lmcache.mp.server_urls
+    (host:port inside the JSON), move together; nothing is left on a pod port."""
+    plan = deployment_pod(
+        chart.render({"mock": {"enabled": True}, "weights": {"source": "none"}, "lmcache": {"serverLayout": "perRank"}})
+    )
+    relocation = relocation_for(plan, tmp_path)
+    moved = relocate(plan, relocation)
+    config = json.loads(moved.container("vllm").option("--kv-transfer-config"))
+    urls = config["kv_connector_extra_config"]["lmcache.mp.server_urls"]
+    servers = moved.lmcache_servers()
+    assert urls == [f"tcp://127.0.0.1:{c.option('--port')}" for c in servers]
+    assert [c.option("--port") for c in servers] == [str(relocation.port(5560 + i)) for i in range(4)]
+    assert len({relocation.port(p) for p in (*range(5560, 5564), *range(8090, 8094))}) == 8

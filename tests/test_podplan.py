@@ -166,3 +166,30 @@ def test_volumes_say_which_are_empty_dirs_and_which_are_in_memory(mock_pod: PodP
     claim = {"name": "w", "persistentVolumeClaim": {"claimName": "w"}}
     (weights,) = pod_from_spec("p", {"containers": [], "volumes": [claim]}).volumes
     assert (weights.empty_dir, weights.in_memory, weights.size_bytes) == (False, False, None)
+
+
+# lmcache.serverLayout=perRank: one sidecar per TP rank (glm53-flash: 4), each started only after the one before.
+PER_RANK_VALUES: dict[str, Any] = {**MOCK_VALUES, "lmcache": {"serverLayout": "perRank"}, "exporter": {"enabled": True}}
+
+
+def test_a_per_rank_pod_has_its_sidecars_in_rank_order_before_the_engine() -> None:
+    plan = deployment_pod(chart.render(PER_RANK_VALUES))
+    servers = plan.lmcache_servers()
+    assert [c.name for c in plan.containers][:5] == ["lmcache-0", "lmcache-1", "lmcache-2", "lmcache-3", "vllm"]
+    assert [c.name for c in servers] == ["lmcache-0", "lmcache-1", "lmcache-2", "lmcache-3"]
+    assert all(c.sidecar and c.startup_probe is not None and c.liveness_probe is not None for c in servers)
+    assert [(c.option("--port"), c.option("--http-port")) for c in servers] == [
+        (str(5560 + i), str(8090 + i)) for i in range(4)
+    ]
+    assert {c.option("--l1-size-gb") for c in servers} == {"0.25"}  # mock.l1SizeGb (1) split four ways
+
+
+def test_the_pods_one_sidecar_is_its_only_lmcache_server(mock_pod: PodPlan) -> None:
+    assert [c.name for c in mock_pod.lmcache_servers()] == ["lmcache"]
+
+
+def test_a_pod_without_an_lmcache_server_names_its_containers() -> None:
+    plan = pod_from_spec("p", {"containers": [{"name": "vllm", "image": "x"}]})
+    with pytest.raises(Glm53Error) as error:
+        plan.lmcache_servers()
+    assert error.value.message == ("expected a container 'lmcache' in pod 'p', found only vllm; check the chart values")

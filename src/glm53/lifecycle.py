@@ -12,6 +12,8 @@ per container (one thread each, so a slow probe of one never delays another):
 - a liveness probe that fails `failureThreshold` times in a row kills the container (SIGTERM, SIGKILL after the pod's
   grace period), which then restarts as above.
 Every restart is an event (when, which container, why), kept for the fault suite's table and printed as it happens.
+The loop usually takes over a Ready pod; containers named `starting` are still starting when it does (the engine of a
+pod whose sidecar is gone at engine start): their startup probe runs first, and their liveness probe only after it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 
 from glm53.loopback import ContainerProcess, RunningPod
@@ -55,17 +57,30 @@ def restarts_on_exit(container: ContainerPlan, pod_restart_policy: str) -> bool:
 class Kubelet:
     """The after-Ready loop of one running pod; `restarts` lists what it did, in order."""
 
-    def __init__(self, pod: RunningPod, say: Callable[[str], None], clock: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self,
+        pod: RunningPod,
+        say: Callable[[str], None],
+        clock: Callable[[], float] | None = None,
+        starting: Collection[str] = (),
+    ) -> None:
         self.pod = pod
         self.say = say
         self.restarts: list[RestartEvent] = []
-        # When each started-again container passed its startup probe (or started, without one).
+        # When each started-again (or `starting`) container passed its startup probe (or started, without one).
         self.started_again: list[RestartEvent] = []
+        self._starting = frozenset(starting)
+        # Set while a container's startup probe has passed and it has not exited since.
+        self._up = {c.name: threading.Event() for c in pod.plan.containers if not c.init}
+        for name, up in self._up.items():
+            if name not in self._starting:
+                up.set()
         self._stop = threading.Event()
         self._lock = threading.Lock()
         started = time.monotonic()
         self._clock = clock or (lambda: time.monotonic() - started)
         self._held: dict[str, float] = {}
+        self._held_until: dict[str, threading.Event] = {}
         self._threads = [
             threading.Thread(target=self._keep, args=(container,), name=f"kubelet-{container.name}", daemon=True)
             for container in pod.plan.containers
@@ -81,10 +96,17 @@ class Kubelet:
         for thread in self._threads:
             thread.join()
 
-    def hold_next_restart(self, name: str, seconds: float) -> None:
-        """Start `name` again no sooner than `seconds` after its next exit (a crash loop's back-off, a slow node)."""
+    def hold_next_restart(self, name: str, seconds: float = 0.0, until: threading.Event | None = None) -> None:
+        """Start `name` again no sooner than `seconds` after its next exit (a crash loop's back-off, a slow node), and,
+        given `until`, not before it is set (a node that brings the container back when something else happened)."""
         with self._lock:
             self._held[name] = seconds
+            if until is not None:
+                self._held_until[name] = until
+
+    def wait_started(self, name: str, timeout_s: float) -> bool:
+        """Wait until `name` passed its startup probe (and has not exited since); False after `timeout_s`."""
+        return self._up[name].wait(timeout_s)
 
     def restart_count(self, name: str) -> int:
         with self._lock:
@@ -102,7 +124,7 @@ class Kubelet:
 
     def _keep(self, container: ContainerPlan) -> None:
         restarts = 0
-        probed = True  # the pod is Ready: every startup probe passed
+        probed = container.name not in self._starting  # else the pod is Ready: every startup probe passed
         up_since = time.monotonic()
         failures = 0
         next_probe = time.monotonic()
@@ -110,16 +132,22 @@ class Kubelet:
             process = self.pod.process(container.name)
             status = process.process.poll()
             if status is not None:
+                self._up[container.name].clear()
                 if not restarts_on_exit(container, self.pod.plan.restart_policy):
                     return
                 if time.monotonic() - up_since > 2 * BACKOFF_MAX_S:
                     restarts = 0
                 with self._lock:
                     delay = max(backoff_s(restarts), self._held.pop(container.name, 0.0))
+                    until = self._held_until.pop(container.name, None)
                 code = 128 - status if status < 0 else status  # killed by signal N: 128 + N, as the kubelet reports
-                self._record(container.name, f"exited with status {code}; back-off {delay:g} s")
+                held = "" if until is None else ", then held"
+                self._record(container.name, f"exited with status {code}; back-off {delay:g} s{held}")
                 if not self._wait(delay):
                     return
+                while until is not None and not until.is_set():
+                    if not self._wait(POLL_S):
+                        return
                 self.pod.start(container)
                 restarts, up_since, failures, probed = restarts + 1, time.monotonic(), 0, False
                 next_probe = time.monotonic()
@@ -130,6 +158,7 @@ class Kubelet:
                 if probed and not was_probed:
                     with self._lock:
                         self.started_again.append(RestartEvent(round(self._clock(), 1), container.name, "started"))
+                    self._up[container.name].set()
                 probe = container.liveness_probe if probed else container.startup_probe
                 next_probe = time.monotonic() + (probe.period_s if probe else POLL_S)
             self._wait(POLL_S)
@@ -157,9 +186,14 @@ class Kubelet:
 
 
 @contextlib.contextmanager
-def kubelet(pod: RunningPod, say: Callable[[str], None], clock: Callable[[], float] | None = None) -> Iterator[Kubelet]:
+def kubelet(
+    pod: RunningPod,
+    say: Callable[[str], None],
+    clock: Callable[[], float] | None = None,
+    starting: Collection[str] = (),
+) -> Iterator[Kubelet]:
     """Keep `pod` alive as the kubelet would while the block runs; stop keeping it before the pod itself stops."""
-    loop = Kubelet(pod, say, clock)
+    loop = Kubelet(pod, say, clock, starting)
     loop.start()
     try:
         yield loop

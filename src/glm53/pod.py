@@ -177,31 +177,36 @@ class PodAddresses:
     """Where a running pod answers on loopback."""
 
     vllm: str
-    lmcache: str  # the server's HTTP front: /healthcheck and /metrics
+    lmcache: str  # the (first) server's HTTP front: /healthcheck and /metrics
     exporter: str | None
+    # Every LMCache server's HTTP front, in rank order: one, or one per TP rank (lmcache.serverLayout=perRank).
+    lmcache_servers: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, plan: PodPlan) -> PodAddresses:
-        """Read from a relocated plan: the engine's `http` port, the sidecar's `--http-port`, the exporter's port."""
+        """Read from a relocated plan: the engine's `http` port, each sidecar's `--http-port`, the exporter's port."""
         names = {c.name for c in plan.containers}
         exporter = (
             f"http://{LOCALHOST}:{plan.container(EXPORTER).port('metrics')}/metrics" if EXPORTER in names else None
         )
+        servers = tuple(f"http://{LOCALHOST}:{c.option('--http-port')}" for c in plan.lmcache_servers())
         return cls(
             vllm=f"http://{LOCALHOST}:{plan.container(ENGINE).port('http')}",
-            lmcache=f"http://{LOCALHOST}:{plan.container(SIDECAR).option('--http-port')}",
+            lmcache=servers[0],
             exporter=exporter,
+            lmcache_servers=servers,
         )
 
 
 def wait_pod_ready(pod: RunningPod, say: Callable[[str], None]) -> None:
     """After the sidecar passed its startup probe: the engine's startup probe until Ready, then its readiness probe."""
-    urls = PodAddresses.of(pod.plan)
-    sidecar = pod.plan.container(SIDECAR)
-    say(
-        f"pod: LMCache 0.5.6 server healthy after {pod.startup_seconds[SIDECAR]:.1f} s at {urls.lmcache}/healthcheck "
-        f"(ZMQ on port {sidecar.option('--port')}, chunk size {sidecar.option('--chunk-size')})"
-    )
+    for sidecar in pod.plan.lmcache_servers():
+        url = f"http://{LOCALHOST}:{sidecar.option('--http-port')}"
+        say(
+            f"pod: LMCache 0.5.6 server {sidecar.name} healthy after {pod.startup_seconds[sidecar.name]:.1f} s at "
+            f"{url}/healthcheck (ZMQ on port {sidecar.option('--port')}, chunk size {sidecar.option('--chunk-size')}, "
+            f"L1 {sidecar.option('--l1-size-gb')} GB)"
+        )
     engine = pod.plan.container(ENGINE)
     if engine.startup_probe is None or engine.readiness_probe is None:
         raise Glm53Error("the chart's engine container has no exec startup or readiness probe", EXIT_FAILURE)
@@ -278,8 +283,8 @@ class PodOutcome:
     report: ValidationReport
     addresses: PodAddresses
     exporter_lines: list[str]
-    lmcache_lines: list[str]  # the real server's lmcache_mp_* counters after validation, summed over cache salts
-    lmcache_startup_seconds: float  # spawn to the sidecar's startup probe passing
+    lmcache_lines: list[str]  # the real servers' lmcache_mp_* counters after validation, summed over cache salts
+    lmcache_startup_seconds: float  # spawn of the first sidecar to the last one's startup probe passing
     seconds: float  # start to all processes stopped
 
 
@@ -299,6 +304,9 @@ def run_pod(plans: PodPlans, workdir: Path, say: Callable[[str], None], progress
             raise Glm53Error(f"validation could not complete: {error.message}", EXIT_FAILURE) from None
         pod.check_running(EXIT_FAILURE)
         exporter_lines = exporter_highlights(scrape(pod, urls.exporter)) if urls.exporter else []
-        lmcache_lines = totals(scrape(pod, f"{urls.lmcache}/metrics"), LMCACHE_HIGHLIGHTS)
-        startup = pod.startup_seconds[SIDECAR]
+        # With one server per rank the counters are summed over the servers too (each server counts its own lookups).
+        pages = [scrape(pod, f"{url}/metrics") for url in urls.lmcache_servers]
+        lmcache_lines = totals("\n".join(pages), LMCACHE_HIGHLIGHTS)
+        # The servers start one after another (each native sidecar waits for the one before).
+        startup = sum(pod.startup_seconds[c.name] for c in pod.plan.lmcache_servers())
     return PodOutcome(report, urls, exporter_lines, lmcache_lines, startup, time.perf_counter() - start)

@@ -39,6 +39,9 @@ _QUANTITY_SUFFIXES = {
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|)$")
 # The chart labels every object with its component (engine, router, validation).
 COMPONENT_LABEL = "app.kubernetes.io/component"
+# The chart's LMCache sidecars: `lmcache` (lmcache.serverLayout=pod), or `lmcache-0` ... `lmcache-<TP-1>` (perRank).
+LMCACHE_SIDECAR = "lmcache"
+_PER_RANK_SIDECAR = re.compile(rf"^{LMCACHE_SIDECAR}-(\d+)$")
 # Kubernetes defaults of probe timing, used when the rendered probe leaves them out.
 _PROBE_DEFAULTS = {"periodSeconds": 10, "timeoutSeconds": 1, "failureThreshold": 3}
 
@@ -177,6 +180,16 @@ class PodPlan:
             f"expected a container {name!r} in pod {self.name!r}, found only {names}; check the chart values",
             EXIT_FAILURE,
         )
+
+    def lmcache_servers(self) -> tuple[ContainerPlan, ...]:
+        """The pod's LMCache sidecars in start order: the one `lmcache`, or one `lmcache-<i>` per TP rank (server i
+        serves rank i), each started only after the one before passed its startup probe; an error when it has none."""
+        servers = tuple(
+            c for c in self.containers if c.sidecar and (c.name == LMCACHE_SIDECAR or _PER_RANK_SIDECAR.match(c.name))
+        )
+        if not servers:
+            return (self.container(LMCACHE_SIDECAR),)  # raises, naming the containers the pod has
+        return servers
 
 
 def parse_quantity(quantity: str | int | float) -> float:

@@ -83,6 +83,13 @@ def test_notes_tell_how_to_watch_the_probe_and_read_the_geometry() -> None:
     assert "group_tokens_per_block=[64], so every chunk must be a multiple of 64" in glm53
 
 
+def test_notes_point_at_the_stage_containers_log_when_weights_are_staged() -> None:
+    text = notes({})
+    assert "kubectl -n llm logs deploy/glm53-flash -c stage-weights -f" in text
+    assert "downloads zai-org/GLM-5.3-Flash at revision\n   main and verifies it" in text
+    assert "stage-weights" not in notes({"weights": {"staging": {"enabled": False}}})
+
+
 def test_notes_warn_about_mtp_and_dev_mode() -> None:
     text = notes({"vllm": {"speculativeDecoding": {"enabled": True}}, "validation": {"enabled": True}})
     assert "MTP speculative decoding is on. It is NOT YET VALIDATED WITH LMCACHE" in text

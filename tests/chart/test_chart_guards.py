@@ -224,6 +224,7 @@ BYPASSES: list[tuple[str, list[str], str]] = [
     ("vllm", ["--kv-transfer-config.kv_role", "kv_producer"], "--kv-transfer-config"),
     ("vllm", ["--config", "/tmp/serve.yaml"], "--config"),
     ("vllm", ["--api-key", "abc"], "--api-key"),
+    ("vllm", ["--revision", "4f0c1b2"], "--revision"),
     ("vllm", ["--no-enable-prompt-tokens-details"], "--no-enable-prompt-tokens-details"),
 ]
 

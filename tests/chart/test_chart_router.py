@@ -179,7 +179,7 @@ def test_kv_aware_engines_publish_kv_events() -> None:
         "enable_kv_cache_events": True,
         "publisher": "zmq",
         "endpoint": "tcp://*:5557",
-        "topic": "kv-events",
+        "topic": "",  # vllm-router 0.1.17 static sources subscribe to "" exactly (src/kv_index/subscriber.rs:179-186)
     }
     for values in ({}, scenario_values("router")):  # no router, or cache_aware: no publisher on the engines
         engine = get(_engine(render(values)), "spec.template.spec.containers[name=vllm]")

@@ -26,14 +26,16 @@ from typing import Any
 import pytest
 from docker.models.containers import Container
 from docker.types import Mount
-from dockerkit import ON_THE_SESSIONS_ENGINE, DockerEngine, MockImageBuild, built_image
+from dockerkit import DockerEngine, MockImageBuild, built_image
 
 import docker
 from glm53 import chart
 from glm53.loopback import service_url_on_loopback
 from glm53.podplan import ContainerPlan, ExecProbe, PodPlan, deployment_pod, helm_test_pods
 
-pytestmark = ON_THE_SESSIONS_ENGINE
+# The first test here pays for the session's engine and mock image (fixtures, which pytest-timeout counts): many
+# minutes while the other xdist worker keeps both cores busy.
+pytestmark = pytest.mark.timeout(2400)
 MOCK_VALUES = {"mock": {"enabled": True}, "validation": {"enabled": True}}
 # The two model profiles: GLM-5.3-Flash (the chart's default, hybrid TP 4) and GLM-5.3 (TP 8).
 PROFILE_VALUES: dict[str, dict[str, Any]] = {"glm53-flash": {}, "glm53": {"profile": "glm53"}}

@@ -21,8 +21,9 @@ from types import ModuleType
 import pytest
 from dockerkit import REPO_ROOT, load_image_script
 
-# One worker for the module under pytest-xdist: the joint resolution is a module fixture.
-pytestmark = pytest.mark.xdist_group(__name__)
+# The joint resolution (a module fixture pytest-timeout counts) runs pip's resolver over both packages' metadata: over
+# ten minutes while the other xdist worker keeps both cores busy.
+pytestmark = pytest.mark.timeout(1800)
 IMAGE_DIR = REPO_ROOT / "docker" / "vllm-lmcache"
 DOCKERFILE = IMAGE_DIR / "Dockerfile"
 CONSTRAINTS = IMAGE_DIR / "constraints.txt"

@@ -27,8 +27,6 @@ from types import ModuleType
 import pytest
 from dockerkit import load_image_script
 
-# One worker for the module under pytest-xdist: the published install and the source build are module fixtures.
-pytestmark = pytest.mark.xdist_group(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 IMAGE_DIR = REPO_ROOT / "docker" / "vllm-lmcache"
 DOCKERFILE = IMAGE_DIR / "Dockerfile"

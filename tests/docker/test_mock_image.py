@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 from dockerkit import (
-    ON_THE_SESSIONS_ENGINE,
     REPO_ROOT,
     DockerEngine,
     MockImageBuild,
@@ -27,7 +26,9 @@ from dockerkit import (
     run_playbook,
 )
 
-pytestmark = ON_THE_SESSIONS_ENGINE
+# The first test here pays for the session's engine and mock image (fixtures, which pytest-timeout counts): many
+# minutes while the other xdist worker keeps both cores busy.
+pytestmark = pytest.mark.timeout(2400)
 TOOLKIT_VERSION: str = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
 DOCKERFILES = {name: REPO_ROOT / "docker" / name / "Dockerfile" for name in ("mock", "router")}
 ENTRYPOINTS = {"mock": ["/usr/bin/tini", "--", "glm53", "supervise"], "router": ["/usr/bin/tini", "--", "vllm-router"]}

@@ -30,6 +30,7 @@ occurrence; vLLM's FlexibleArgumentParser also reads `--a_b` as `--a-b` and `--a
   "served-model-name" "set vllm.servedModelName instead" "speculative-config" "set vllm.speculativeDecoding instead" "-sc" "set vllm.speculativeDecoding instead"
   "limit-mm-per-prompt" "set vllm.textOnly=false instead" "api-key" "set vllm.apiKeySecret instead: a key on the command line is readable in the pod"
   "config" "use values: a --config file could set any flag the chart owns"
+  "revision" "set weights.revision instead: the stage step downloads that revision and the engine loads it offline"
   "data-parallel-size" $pod "-dp" $pod "pipeline-parallel-size" $pod "-pp" $pod | toJson }}
 {{- end }}
 
@@ -96,6 +97,10 @@ flags into positionals). Call with (dict "key" VALUES-PATH "args" LIST "owned" O
 
 {{- if and $l.enabled (not $v.enablePrefixCaching) }}
 {{- fail "vllm.enablePrefixCaching=false while lmcache.enabled=true: LMCache stores and reuses only prefix-cached blocks (and a KDA hybrid keeps its state only in the align mode prefix caching selects); set vllm.enablePrefixCaching=true, or lmcache.enabled=false for a run without LMCache" }}
+{{- end }}
+
+{{- if and (eq $l.serverLayout "perRank") (not $l.enabled) }}
+{{- fail "lmcache.serverLayout=perRank with lmcache.enabled=false: there are no LMCache servers to run one per rank; set lmcache.enabled=true, or leave lmcache.serverLayout at pod" }}
 {{- end }}
 
 {{- $batchInvariant := or $v.batchInvariant (include "glm53.envEnabled" (dict "env" $v.extraEnv "name" "VLLM_BATCH_INVARIANT")) }}

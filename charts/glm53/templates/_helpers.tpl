@@ -156,11 +156,54 @@ default: `lmcache server` opens no listener on it (its /metrics is on the HTTP p
 does (lmcache 0.5.6 lmcache/v1/mp_observability/config.py), so it stays reserved.
 */}}
 {{- define "glm53.reservedPorts" -}}
-{{- list (include "glm53.vllmPort" .) (include "glm53.lmcachePort" .) (include "glm53.lmcacheHttpPort" .) "9090" | toJson }}
+{{- $ports := list (include "glm53.vllmPort" .) }}
+{{- range include "glm53.lmcacheServers" . | fromJsonArray }}{{ $ports = concat $ports (list (toString (int .port)) (toString (int .httpPort))) }}{{ end }}
+{{- append $ports "9090" | toJson }}
+{{- end }}
+
+{{/*
+The pod's LMCache servers (lmcache.serverLayout), as a JSON list of {name, index, port, httpPort, log}: `pod` is the one
+sidecar `lmcache` on 5555/8080 writing lmcache.log; `perRank` is one per TP rank, `lmcache-<i>` on 5560+i/8090+i
+writing lmcache-<i>.log, rank i's server at index i of the connector's lmcache.mp.server_urls (lmcache 0.5.6
+lmcache/integration/vllm/lmcache_mp_connector.py:759-762 gives worker r `server_urls[r // (world_size // n)]`). Every
+sidecar container, server flag, connector URL, probe log and exporter target is derived from this list.
+*/}}
+{{- define "glm53.lmcacheServers" -}}
+{{- $servers := list }}
+{{- if eq .Values.lmcache.serverLayout "perRank" }}
+{{- range $i := until (include "glm53.tensorParallelSize" . | int) }}
+{{- $servers = append $servers (dict "name" (printf "lmcache-%d" $i) "index" $i "port" (add 5560 $i) "httpPort" (add 8090 $i) "log" (printf "%s/lmcache-%d.log" (include "glm53.logDir" $) $i)) }}
+{{- end }}
+{{- else }}
+{{- $servers = list (dict "name" "lmcache" "index" 0 "port" (include "glm53.lmcachePort" . | int) "httpPort" (include "glm53.lmcacheHttpPort" . | int) "log" (include "glm53.lmcacheLog" .)) }}
+{{- end }}
+{{- toJson $servers }}
+{{- end }}
+
+{{/* The L1 size in GB each server gets (`--l1-size-gb`, a float: lmcache 0.5.6 lmcache/v1/distributed/config.py:805-808):
+the pod's (mock.l1SizeGb in mock mode) split evenly between its servers. */}}
+{{- define "glm53.lmcacheL1PerServer" -}}
+{{- $l1 := .Values.lmcache.l1SizeGb }}{{ if .Values.mock.enabled }}{{ $l1 = .Values.mock.l1SizeGb }}{{ end }}
+{{- divf $l1 (len (include "glm53.lmcacheServers" . | fromJsonArray)) | toString }}
 {{- end }}
 
 {{- define "glm53.kvTransferConfig" -}}
-{{- $extra := dict "lmcache.mp.host" (printf "tcp://%s" (include "glm53.loopback" .)) "lmcache.mp.port" (include "glm53.lmcachePort" . | int) }}
+{{- $lo := include "glm53.loopback" . }}
+{{- $servers := include "glm53.lmcacheServers" . | fromJsonArray }}
+{{- $extra := dict }}
+{{- if eq .Values.lmcache.serverLayout "perRank" }}
+{{- /* One URL per TP rank, in rank order. The connector derives n_servers from this list (lmcache 0.5.6
+lmcache_mp_connector.py:626-653) and asserts world_size % n_servers == 0 (:675-678); a list of another length than TP
+would put several ranks on one server or fail that assertion at engine start, so it is never rendered. */}}
+{{- $urls := list }}
+{{- range $servers }}{{ $urls = append $urls (printf "tcp://%s:%d" $lo (int .port)) }}{{ end }}
+{{- if ne (len $urls) (include "glm53.tensorParallelSize" . | int) }}
+{{- fail (printf "lmcache.serverLayout=perRank rendered %d server URLs for tensor-parallel size %s; expected one per rank" (len $urls) (include "glm53.tensorParallelSize" .)) }}
+{{- end }}
+{{- $_ := set $extra "lmcache.mp.server_urls" $urls }}
+{{- else }}
+{{- $extra = dict "lmcache.mp.host" (printf "tcp://%s" $lo) "lmcache.mp.port" (include "glm53.lmcachePort" . | int) }}
+{{- end }}
 {{- /* On CPU the connector defaults to the engine_driven transfer mode (lmcache 0.5.6
 lmcache/v1/platform/devices/cpu/__init__.py:86-95), which the released server does not serve ("No handler registered
 for operation register_kv_cache_engine_driven_context") and which takes one KV group only; lmcache_driven moves KV
@@ -231,14 +274,14 @@ off. The CPU runners run these as rendered (glm53.podplan, glm53.loopback); benc
 GPU host without Helm, and tests/test_gpu_proof_dryrun.py holds it to this helper.
 */}}
 {{- define "glm53.lmcacheServerArgs" -}}
-{{- $l := .Values.lmcache }}
-{{- $lo := include "glm53.loopback" . }}
-{{- $args := concat $l.extraArgs (list "--host" $lo "--port" (include "glm53.lmcachePort" .)) }}
-{{- with include "glm53.chunkSize" . }}{{ $args = concat $args (list "--chunk-size" .) }}{{ end }}
+{{- $ctx := .ctx }}{{ $s := .server }}
+{{- $l := $ctx.Values.lmcache }}
+{{- $lo := include "glm53.loopback" $ctx }}
+{{- $args := concat $l.extraArgs (list "--host" $lo "--port" (toString (int $s.port))) }}
+{{- with include "glm53.chunkSize" $ctx }}{{ $args = concat $args (list "--chunk-size" .) }}{{ end }}
 {{- if $l.separateObjectGroups }}{{ $args = append $args "--separate-object-groups" }}{{ end }}
-{{- $l1 := $l.l1SizeGb }}{{ if .Values.mock.enabled }}{{ $l1 = .Values.mock.l1SizeGb }}{{ end }}
-{{- $args = concat $args (list "--l1-size-gb" (toString $l1) "--eviction-policy" $l.evictionPolicy) }}
-{{- $args = concat $args (list "--http-host" $lo "--http-port" (include "glm53.lmcacheHttpPort" .)) }}
+{{- $args = concat $args (list "--l1-size-gb" (include "glm53.lmcacheL1PerServer" $ctx) "--eviction-policy" $l.evictionPolicy) }}
+{{- $args = concat $args (list "--http-host" $lo "--http-port" (toString (int $s.httpPort))) }}
 {{- append $args "--no-run-script-api-enabled" | toJson }}
 {{- end }}
 
@@ -273,9 +316,10 @@ as `--model` where `vllm serve` takes it positionally.
 {{- include "glm53.superviseArgs" (dict "log" (include "glm53.vllmLog" .) "program" $program "args" (include "glm53.vllmServeArgs" . | fromJsonArray)) }}
 {{- end }}
 
+{{/* One server's sidecar arguments. Call with (dict "ctx" $ "server" SERVER), SERVER from glm53.lmcacheServers. */}}
 {{- define "glm53.lmcacheContainerArgs" -}}
-{{- $hold := include "glm53.restartHoldSeconds" . }}
-{{- include "glm53.superviseArgs" (dict "log" (include "glm53.lmcacheLog" .) "hold" (ternary "" $hold (eq $hold "0")) "program" (list "lmcache" "server") "args" (include "glm53.lmcacheServerArgs" . | fromJsonArray)) }}
+{{- $hold := include "glm53.restartHoldSeconds" .ctx }}
+{{- include "glm53.superviseArgs" (dict "log" .server.log "hold" (ternary "" $hold (eq $hold "0")) "program" (list "lmcache" "server") "args" (include "glm53.lmcacheServerArgs" . | fromJsonArray)) }}
 {{- end }}
 
 {{/*
@@ -286,7 +330,7 @@ value (the probe derives what a negotiating server resolves it to), so it is pas
 {{- $cmd := list "glm53" "probe" "startup" "--profile" .Values.profile "--tensor-parallel-size" (include "glm53.tensorParallelSize" .) }}
 {{- with include "glm53.chunkSize" . }}{{ $cmd = concat $cmd (list "--chunk-size" .) }}{{ end }}
 {{- $cmd = concat $cmd (list "--log" (include "glm53.vllmLog" .)) }}
-{{- if .Values.lmcache.enabled }}{{ $cmd = concat $cmd (list "--log" (include "glm53.lmcacheLog" .)) }}{{ end }}
+{{- if .Values.lmcache.enabled }}{{ range include "glm53.lmcacheServers" . | fromJsonArray }}{{ $cmd = concat $cmd (list "--log" .log) }}{{ end }}{{ end }}
 {{- if and .Values.lmcache.enabled .Values.lmcache.resilience.warmUp }}
 {{- $cmd = concat $cmd (list "--warm-up" (printf "http://%s:%s" (include "glm53.loopback" .) (include "glm53.vllmPort" .)) "--served-model-name" (include "glm53.servedModel" .)) }}
 {{- end }}
@@ -294,11 +338,16 @@ value (the probe derives what a negotiating server resolves it to), so it is pas
 {{- end }}
 
 {{- define "glm53.exporterArgs" -}}
-{{- $args := list "--log" (include "glm53.vllmLog" .) "--log" (include "glm53.lmcacheLog" .) "--profile" .Values.profile }}
+{{- $servers := include "glm53.lmcacheServers" . | fromJsonArray }}
+{{- $args := list "--log" (include "glm53.vllmLog" .) }}
+{{- range $servers }}{{ $args = concat $args (list "--log" .log) }}{{ end }}
+{{- $args = concat $args (list "--profile" .Values.profile) }}
 {{- $args = concat $args (list "--tensor-parallel-size" (include "glm53.tensorParallelSize" .)) }}
 {{- with include "glm53.chunkSize" . }}{{ $args = concat $args (list "--chunk-size" .) }}{{ end }}
 {{- $lo := include "glm53.loopback" . }}
-{{- $args = concat $args (list "--vllm-url" (printf "http://%s:%s" $lo (include "glm53.vllmPort" .)) "--lmcache-url" (printf "http://%s:%s" $lo (include "glm53.lmcacheHttpPort" .))) }}
+{{- $args = concat $args (list "--vllm-url" (printf "http://%s:%s" $lo (include "glm53.vllmPort" .))) }}
+{{- /* Every server's admin port: with perRank the exporter scrapes each and labels its series by server. */}}
+{{- range $servers }}{{ $args = concat $args (list "--lmcache-url" (printf "http://%s:%d" $lo (int .httpPort))) }}{{ end }}
 {{- concat $args (list "--port" (toString .Values.exporter.port) "--host" "0.0.0.0") | toJson }}
 {{- end }}
 
@@ -326,8 +375,9 @@ Prints one line on failure.
 {{- list "python3" "-c" (join "\n" $script) | toJson }}
 {{- end }}
 
+{{/* One server's /healthcheck. Call with (dict "ctx" $ "server" SERVER). */}}
 {{- define "glm53.lmcacheHealthCommand" -}}
-{{- $url := printf "http://%s:%s/healthcheck" (include "glm53.loopback" .) (include "glm53.lmcacheHttpPort" .) }}
+{{- $url := printf "http://%s:%d/healthcheck" (include "glm53.loopback" .ctx) (int .server.httpPort) }}
 {{- include "glm53.httpCheckCommand" (dict "urls" (list $url) "model" "") }}
 {{- end }}
 

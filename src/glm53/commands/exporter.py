@@ -1,4 +1,4 @@
-"""`glm53 exporter --log FILE [--log FILE ...] --profile NAME --vllm-url URL --lmcache-url URL [--port 9400]`.
+"""`glm53 exporter --log FILE [--log FILE ...] --profile NAME --vllm-url URL --lmcache-url URL [...] [--port 9400]`.
 
 Wires the exporter together (see `glm53.exporter`) and serves it until SIGTERM or SIGINT. `--tensor-parallel-size`
 and `--chunk-size` take the same meaning and defaults as the startup probe's, so the exporter's verdict is the probe's:
@@ -52,8 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--vllm-url", required=True, help="vLLM base or /metrics URL, e.g. http://127.0.0.1:8000")
     parser.add_argument(
         "--lmcache-url",
+        action="append",
         required=True,
-        help="`lmcache server`'s HTTP port (it serves /metrics there), base or /metrics URL, e.g. http://127.0.0.1:8080",
+        help="`lmcache server`'s HTTP port (it serves /metrics there), base or /metrics URL, e.g. "
+        "http://127.0.0.1:8080; repeat it once per server, in rank order, when the pod runs one server per TP rank",
     )
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     parser.add_argument(
@@ -94,17 +96,23 @@ def build_registry(args: argparse.Namespace) -> tuple[CollectorRegistry, Glm53Co
         raise Glm53Error(f"--port must be a TCP port from 0 to {MAX_PORT}, got {args.port}")
     for path in args.log:
         require_log_file(path)
-    upstreams = [
-        Upstream(names.VLLM, metrics_url(args.vllm_url)),
-        Upstream(names.LMCACHE, metrics_url(args.lmcache_url)),
-    ]
+    lmcache_urls = [metrics_url(url) for url in args.lmcache_url]
+    upstreams = [Upstream(names.VLLM, metrics_url(args.vllm_url))]
+    upstreams += [Upstream(t, u) for t, u in zip(names.lmcache_targets(len(lmcache_urls)), lmcache_urls, strict=True)]
     timeout = float(args.timeout)
-    status_url = metrics_url(args.lmcache_url).removesuffix("/metrics") + "/status"
+    status_urls = [url.removesuffix("/metrics") + "/status" for url in lmcache_urls]
+
+    def registration() -> int:
+        # One server per rank: each registers only its own rank, and a server that lost its engine rejects that
+        # rank's stores, which makes every lookup miss (the connector takes the minimum over the servers, lmcache
+        # 0.5.6 vllm_multi_process_adapter.py:1054-1068): the fewest any server has is what says caching is alive.
+        return min(registered_engines(url, timeout=timeout) for url in status_urls)
+
     collector = Glm53Collector(
         LogWatch(args.log, profile, tp, chunk),
         upstreams,
         lambda url: scrape(url, timeout=timeout),
-        lambda: registered_engines(status_url, timeout=timeout),
+        registration,
     )
     registry = CollectorRegistry()
     registry.register(collector)

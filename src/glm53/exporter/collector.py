@@ -29,6 +29,10 @@ dashboard and alerts take `rate()`s of the `_total` series for windows):
 
 LMCache's own `lmcache_*` families are re-exposed unchanged: `lmcache server` serves them on its HTTP port, which
 listens on the pod's loopback only, so the exporter is how Prometheus (and the dashboard's L1 memory panel) sees them.
+With one server per TP rank (targets `lmcache-<i>`) each server's samples gain the label `lmcache_server="<i>"`, so the
+servers' series stay apart, and the strict-prefix bound is the smallest of the servers' hit counters: the connector
+asks every server and takes the minimum (lmcache 0.5.6 vllm_multi_process_adapter.py:1054-1068), so no more than the
+server holding the least can reach vLLM.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from prometheus_client.registry import Collector
 
 from glm53.exporter import names
 from glm53.exporter.facts import VERDICT_STATUSES, LogFacts
+from glm53.exporter.names import LMCACHE_SERVER_LABEL, is_lmcache
 from glm53.exporter.upstream import (
     REASON_HTTP_STATUS,
     REASON_MALFORMED,
@@ -200,13 +205,40 @@ def _scoped_counter(name: str, documentation: str, local: float | None, external
     return [family] if family.samples else []
 
 
-def cache_families(vllm: Snapshot | None, lmcache: Snapshot | None) -> list[Metric]:
-    """Cache effectiveness joined from vLLM's and LMCache's counters (see the module docstring for definitions)."""
+def lookup_bound(servers: Sequence[Snapshot | None]) -> float | None:
+    """The tokens LMCache found for vLLM's lookups: the one server's hit counter, or with one server per rank the
+    smallest (the connector's minimum over servers); unknown unless every server answered and exposes it."""
+    totals = [server.total(names.LMCACHE_LOOKUP_HIT) if server else None for server in servers]
+    if not totals or any(total is None for total in totals):
+        return None
+    return min(total for total in totals if total is not None)
+
+
+def passthrough_families(servers: Sequence[Snapshot | None]) -> list[Metric]:
+    """LMCache's own families as the servers exposed them (None: a server that did not answer this scrape). With
+    several servers each sample is labelled with its server's index (`lmcache_server`), one family per name, so no
+    two servers' samples collide; the pod's one server's pass through as they are."""
+    answered = [server for server in servers if server is not None]
+    if len(servers) == 1:
+        return answered[0].families_with_prefix(names.LMCACHE_PASSTHROUGH_PREFIXES) if answered else []
+    merged: dict[str, Metric] = {}
+    for index, server in enumerate(servers):
+        for family in server.families_with_prefix(names.LMCACHE_PASSTHROUGH_PREFIXES) if server else []:
+            into = merged.setdefault(family.name, Metric(family.name, family.documentation, family.type, family.unit))
+            for sample in family.samples:
+                labels = {**sample.labels, LMCACHE_SERVER_LABEL: str(index)}
+                into.add_sample(sample.name, labels, sample.value, sample.timestamp, sample.exemplar)
+    return list(merged.values())
+
+
+def cache_families(vllm: Snapshot | None, lmcache: Snapshot | Sequence[Snapshot | None] | None) -> list[Metric]:
+    """Cache effectiveness joined from vLLM's and LMCache's counters (see the module docstring for definitions);
+    `lmcache` is the pod's server or the list of its per-rank servers."""
     local_q = vllm.total(names.VLLM_LOCAL_QUERIES) if vllm else None
     local_h = vllm.total(names.VLLM_LOCAL_HITS) if vllm else None
     external_q = vllm.total(names.VLLM_EXTERNAL_QUERIES) if vllm else None
     external_h = vllm.total(names.VLLM_EXTERNAL_HITS) if vllm else None
-    bound = lmcache.total(names.LMCACHE_LOOKUP_HIT) if lmcache else None
+    bound = lookup_bound(lmcache if isinstance(lmcache, Sequence) else [lmcache])
     families: list[Metric] = []
     families += _scoped_counter(
         "glm53_prefix_cache_queried_tokens",
@@ -310,10 +342,9 @@ class Glm53Collector(Collector):
         facts = self._logs.poll()
         snapshots = self._account({target: future.result() for target, future in pending.items()})
         families = log_families(facts)
-        families += cache_families(snapshots.get(names.VLLM), snapshots.get(names.LMCACHE))
-        lmcache = snapshots.get(names.LMCACHE)
-        if lmcache is not None:
-            families += lmcache.families_with_prefix(names.LMCACHE_PASSTHROUGH_PREFIXES)
+        servers = [snapshots.get(u.target) for u in self._upstreams if is_lmcache(u.target)]
+        families += cache_families(snapshots.get(names.VLLM), servers)
+        families += passthrough_families(servers)
         families += self._health_families(snapshots)
         if registered is not None:
             families += _gauge(

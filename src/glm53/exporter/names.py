@@ -13,6 +13,20 @@ from __future__ import annotations
 VLLM = "vllm"
 LMCACHE = "lmcache"
 TARGETS = (VLLM, LMCACHE)
+# With one LMCache server per TP rank (the chart's lmcache.serverLayout=perRank) each server is its own target, named
+# as its container: `lmcache-<i>`; its re-exposed families carry this label with the server's index.
+LMCACHE_SERVER_LABEL = "lmcache_server"
+
+
+def lmcache_targets(count: int) -> tuple[str, ...]:
+    """The target names of `count` LMCache servers: `lmcache` for the pod's one, else `lmcache-0` ... (the container
+    names)."""
+    return (LMCACHE,) if count == 1 else tuple(f"{LMCACHE}-{index}" for index in range(count))
+
+
+def is_lmcache(target: str) -> bool:
+    return target == LMCACHE or target.startswith(LMCACHE + "-")
+
 
 # vLLM 0.33 prefix-cache counters (tokens). "External" is what the KV connector (LMCache) supplied.
 VLLM_LOCAL_QUERIES = "vllm:prefix_cache_queries_total"

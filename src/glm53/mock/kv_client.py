@@ -169,19 +169,29 @@ class KVClient:
         self._layout = layout
         tp = layout.tensor_parallel_size
         extra = adapter_extra_config(self.connector)
+        urls = self.connector.urls
+        if tp % len(urls):
+            # lmcache_mp_connector.py:675-678 asserts this before any adapter exists.
+            raise Glm53Error(
+                f"world_size ({tp}) must be divisible by n_servers ({len(urls)}): lmcache.mp.server_urls names "
+                f"{len(urls)} servers for TP {tp}; give one server per rank or per equal block of ranks",
+                EXIT_FAILURE,
+            )
 
         def strategy(rank: int) -> Any:
             # The stand-in's keys are per TP rank (num_kv_readers 1), as for a model that is not MLA-only.
             return ParallelStrategy(
-                mla_only=False, vllm_world_size=tp, vllm_worker_id=rank, tp_size=tp, pp_size=1, n_servers=1
+                mla_only=False, vllm_world_size=tp, vllm_worker_id=rank, tp_size=tp, pp_size=1, n_servers=len(urls)
             )
 
         infos = [
             EngineGroupInfo(engine_group_id=index, layer_indices=(index,), tokens_per_block=tokens)
             for index, tokens in enumerate(layout.cacheable)
         ]
-        url, block_size = self.connector.url, layout.scheduler_block_size
+        block_size = layout.scheduler_block_size
         for rank in range(tp):
+            # lmcache_mp_connector.py:759-762: a worker talks only to the server of its block of ranks.
+            url = urls[rank // (tp // len(urls))]
             worker = LMCacheMPWorkerAdapter(
                 url, self._zmq, layout.model, block_size, strategy(rank), extra_config=extra
             )
@@ -192,8 +202,9 @@ class KVClient:
                 for index, tokens in enumerate(layout.cacheable)
             }
             worker.register_kv_caches(kv, infos, layout_hints={"kv_layout": "NHD"})
+        # The scheduler looks up on every server and takes the minimum (vllm_multi_process_adapter.py:1054-1068).
         self._scheduler = LMCacheMPSchedulerAdapter(
-            [url], self._zmq, layout.model, block_size, strategy(0), extra_config=extra
+            list(urls), self._zmq, layout.model, block_size, strategy(0), extra_config=extra
         )
 
     def _poll(self, answer: Callable[[], T | None]) -> T:

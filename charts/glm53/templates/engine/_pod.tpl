@@ -80,60 +80,9 @@ spec:
           mountPath: {{ .Values.weights.mountPath }}
     {{- end }}
     {{- if .Values.lmcache.enabled }}
-    # Native sidecar: restartPolicy Always makes the kubelet start vLLM only after this container's startup
-    # probe passed, and stop it only after vLLM exited.
-    - name: lmcache
-      image: {{ include "glm53.image" . }}
-      imagePullPolicy: {{ include "glm53.imagePullPolicy" . }}
-      restartPolicy: Always
-      command: {{ include "glm53.supervisorCommand" . }}
-      args:
-        {{- include "glm53.lmcacheContainerArgs" . | fromJsonArray | toYaml | nindent 8 }}
-      env:
-        {{- include "glm53.baseEnv" . | nindent 8 }}
-        {{- include "glm53.envFromMap" .Values.lmcache.telemetryEnv | nindent 8 }}
-        {{- if and (not $mock) (not $dra) }}
-        # CUDA IPC: see lmcache.gpuAccess in values.yaml (no GPU request; visibility through the NVIDIA runtime).
-        - name: NVIDIA_VISIBLE_DEVICES
-          value: {{ ternary "all" "void" (eq .Values.lmcache.gpuAccess "visibleDevices") }}
-        {{- end }}
-        {{- with .Values.lmcache.extraEnv }}
-        {{- toYaml . | nindent 8 }}
-        {{- end }}
-      startupProbe:
-        exec:
-          command:
-            {{- include "glm53.lmcacheHealthCommand" . | fromJsonArray | toYaml | nindent 12 }}
-        periodSeconds: {{ .Values.probes.lmcache.periodSeconds }}
-        timeoutSeconds: {{ .Values.probes.lmcache.timeoutSeconds }}
-        failureThreshold: {{ .Values.probes.lmcache.startupFailureThreshold }}
-      livenessProbe:
-        exec:
-          command:
-            {{- include "glm53.lmcacheHealthCommand" . | fromJsonArray | toYaml | nindent 12 }}
-        periodSeconds: {{ .Values.probes.lmcache.periodSeconds }}
-        timeoutSeconds: {{ .Values.probes.lmcache.timeoutSeconds }}
-        failureThreshold: {{ .Values.probes.lmcache.livenessFailureThreshold }}
-      resources:
-        {{- if $mock }}
-        {{- toYaml .Values.mock.lmcacheResources | nindent 8 }}
-        {{- else }}
-        {{- $memory := printf "%dGi" (add (ceil .Values.lmcache.l1SizeGb | int) (int .Values.lmcache.memoryOverheadGi)) }}
-        requests:
-          cpu: {{ .Values.lmcache.cpu | quote }}
-          memory: {{ $memory }}
-        limits:
-          memory: {{ $memory }}
-        {{- if $dra }}
-        claims:
-          - name: gpus
-        {{- end }}
-        {{- end }}
-      securityContext:
-        {{- include "glm53.containerSecurityContext" . | nindent 8 }}
-      volumeMounts:
-        {{- include "glm53.volumeMounts.logs" . | nindent 8 }}
-        {{- include "glm53.volumeMounts.runtime" . | nindent 8 }}
+    {{- range include "glm53.lmcacheServers" . | fromJsonArray }}
+    {{- include "glm53.engine.lmcacheSidecar" (dict "ctx" $ "server" .) | nindent 4 }}
+    {{- end }}
     {{- end }}
   {{- end }}
   containers:
@@ -318,4 +267,72 @@ spec:
           - key: {{ $.Values.weights.hfTokenSecret.key }}
             path: {{ $.Values.weights.hfTokenSecret.key }}
     {{- end }}
+{{- end }}
+
+{{/*
+One LMCache server as a native sidecar: restartPolicy Always makes the kubelet start the next container (the next
+server, then vLLM) only after this one's startup probe passed, and stop it only after vLLM exited. Rendered once per
+entry of glm53.lmcacheServers (lmcache.serverLayout): call with (dict "ctx" $ "server" SERVER).
+*/}}
+{{- define "glm53.engine.lmcacheSidecar" -}}
+{{- $ctx := .ctx }}{{ $s := .server }}
+{{- $mock := $ctx.Values.mock.enabled }}
+{{- $dra := and $ctx.Values.dra.enabled (not $mock) }}
+{{- $l := $ctx.Values.lmcache }}
+{{- $probes := $ctx.Values.probes.lmcache -}}
+# Native sidecar: restartPolicy Always makes the kubelet start the next container only after this container's startup
+# probe passed, and stop it only after vLLM exited.
+- name: {{ $s.name }}
+  image: {{ include "glm53.image" $ctx }}
+  imagePullPolicy: {{ include "glm53.imagePullPolicy" $ctx }}
+  restartPolicy: Always
+  command: {{ include "glm53.supervisorCommand" $ctx }}
+  args:
+    {{- include "glm53.lmcacheContainerArgs" . | fromJsonArray | toYaml | nindent 4 }}
+  env:
+    {{- include "glm53.baseEnv" $ctx | nindent 4 }}
+    {{- include "glm53.envFromMap" $l.telemetryEnv | nindent 4 }}
+    {{- if and (not $mock) (not $dra) }}
+    # CUDA IPC: see lmcache.gpuAccess in values.yaml (no GPU request; visibility through the NVIDIA runtime).
+    - name: NVIDIA_VISIBLE_DEVICES
+      value: {{ ternary "all" "void" (eq $l.gpuAccess "visibleDevices") }}
+    {{- end }}
+    {{- with $l.extraEnv }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  startupProbe:
+    exec:
+      command:
+        {{- include "glm53.lmcacheHealthCommand" . | fromJsonArray | toYaml | nindent 8 }}
+    periodSeconds: {{ $probes.periodSeconds }}
+    timeoutSeconds: {{ $probes.timeoutSeconds }}
+    failureThreshold: {{ $probes.startupFailureThreshold }}
+  livenessProbe:
+    exec:
+      command:
+        {{- include "glm53.lmcacheHealthCommand" . | fromJsonArray | toYaml | nindent 8 }}
+    periodSeconds: {{ $probes.periodSeconds }}
+    timeoutSeconds: {{ $probes.timeoutSeconds }}
+    failureThreshold: {{ $probes.livenessFailureThreshold }}
+  resources:
+    {{- if $mock }}
+    {{- toYaml $ctx.Values.mock.lmcacheResources | nindent 4 }}
+    {{- else }}
+    {{- /* Each server holds its own share of the L1 (glm53.lmcacheL1PerServer) plus its own process overhead. */}}
+    {{- $memory := printf "%dGi" (add (ceil (include "glm53.lmcacheL1PerServer" $ctx | float64) | int) (int $l.memoryOverheadGi)) }}
+    requests:
+      cpu: {{ $l.cpu | quote }}
+      memory: {{ $memory }}
+    limits:
+      memory: {{ $memory }}
+    {{- if $dra }}
+    claims:
+      - name: gpus
+    {{- end }}
+    {{- end }}
+  securityContext:
+    {{- include "glm53.containerSecurityContext" $ctx | nindent 4 }}
+  volumeMounts:
+    {{- include "glm53.volumeMounts.logs" $ctx | nindent 4 }}
+    {{- include "glm53.volumeMounts.runtime" $ctx | nindent 4 }}
 {{- end }}

@@ -34,13 +34,15 @@ parse it with the router's own parser (`vllm_router.launch_router.parse_router_a
   token-in/token-out and derender routes on the API port, which the NetworkPolicy admits as it admits /v1.
 - kv_aware only: vLLM 0.33's KV-cache events over a ZMQ PUB socket on `router.kvAware.eventsPort`
   (vllm/config/kv_events.py: enable_kv_cache_events, publisher, endpoint, topic), which only the router may reach
-  (router/networkpolicy.yaml).
+  (router/networkpolicy.yaml). The topic stays empty (vLLM's default): vllm-router 0.1.17 subscribes a static
+  `--kv-event-source` with topic "" (src/config/mod.rs:54 in its sdist) and drops every frame whose topic is not
+  exactly that (src/kv_index/subscriber.rs:179-186), so any other topic leaves kv_aware without events.
 */}}
 {{- define "glm53.router.engineArgs" -}}
 {{- $args := list }}
 {{- if .Values.router.enabled }}{{ $args = append $args "--enable-scale-out" }}{{ end }}
 {{- if include "glm53.router.kvAware" . }}
-{{- $events := dict "enable_kv_cache_events" true "publisher" "zmq" "endpoint" (printf "tcp://*:%d" (int .Values.router.kvAware.eventsPort)) "topic" "kv-events" }}
+{{- $events := dict "enable_kv_cache_events" true "publisher" "zmq" "endpoint" (printf "tcp://*:%d" (int .Values.router.kvAware.eventsPort)) "topic" "" }}
 {{- $args = concat $args (list "--kv-events-config" ($events | toJson)) }}
 {{- end }}
 {{- $args | toJson }}

@@ -1,14 +1,14 @@
 """The Docker-marked tests' machinery: a private Docker engine, its base image, and Ansible runs against it.
 
-`conftest.py` turns these into session fixtures. Why one of each per session: CI has 2 cores, so starting the daemon,
-importing the base image and building the mock image are paid once and shared by every test. The engine is private —
-its own data root, exec root, pidfile and unix socket in a temporary directory, no bridge, no iptables — so it touches
-nothing else on the host, and it is stopped by its PID at the end whatever the tests did. Its state lives on a private
-tmpfs when the kernel lets us mount one (we run as root in CI), with the overlay2 storage driver (overlayfs on tmpfs:
-a layer or a container costs only what it changes). Without the tmpfs it falls back to vfs on disk, which copies every
-layer and every container's root filesystem file by file (measured 10 s per 130 MB on CI's disk): with the mock image
-now ~2.5 GB (torch and the real LMCache server), that is minutes per container. No registry is reachable, so the base
-image is a debootstrapped Debian bookworm (`docker import`), cached as a tarball under `.tools/` so reruns skip
+`tests/conftest.py` turns these into session fixtures. Why one of each per session: CI has 2 cores, so starting the
+daemon, importing the base image and building the mock image are paid once and shared by every test. The engine is
+private — its own data root, exec root, pidfile and unix socket in a temporary directory, no bridge, no iptables — so it
+touches nothing else on the host, and it is stopped by its PID at the end whatever the tests did. Its state lives on a
+private tmpfs when the kernel lets us mount one (we run as root in CI), with the overlay2 storage driver (overlayfs on
+tmpfs: a layer or a container costs only what it changes). Without the tmpfs it falls back to vfs on disk, which copies
+every layer and every container's root filesystem file by file (measured 10 s per 130 MB on CI's disk): with the mock
+image now ~2.5 GB (torch and the real LMCache server), that is minutes per container. No registry is reachable, so the
+base image is a debootstrapped Debian bookworm (`docker import`), cached as a tarball under `.tools/` so reruns skip
 debootstrap.
 """
 
@@ -35,12 +35,8 @@ from docker.errors import DockerException, ImageNotFound
 
 import docker
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 TOOLS_BIN = REPO_ROOT / ".tools" / "bin"
-# The tests of the session's private engine (conftest.py's fixtures) share it and the images built in it, so under
-# pytest-xdist (scripts/test.sh: `-n 2 --dist loadgroup`) they run on one worker: a second would start a second engine
-# and build every image again.
-ON_THE_SESSIONS_ENGINE = pytest.mark.xdist_group("docker-engine")
 BASE_IMAGE = "glm53/debian-base:bookworm"
 # debootstrap's --include list: Python 3.11 plus venv (ensurepip), and tini (the images' PID 1, which their offline
 # builds cannot fetch; docker/install-tini.sh checks it is the pinned version) on top of minbase.
