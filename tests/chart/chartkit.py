@@ -123,6 +123,19 @@ def render_cli(values: Mapping[str, Any], kube_version: str = OLDEST_KUBE) -> li
     return parse_manifests(_cli_template(_key(values), kube_version))
 
 
+def refusals(values: Mapping[str, Any]) -> tuple[str, str]:
+    """The messages Helm 4 (the SDK) and Helm 3 (the CLI) refuse `values` with; a test failure if either renders."""
+    messages = []
+    for engine in (render, render_cli):
+        try:
+            engine(values)
+        except RenderError as error:
+            messages.append(error.message)
+        else:
+            raise AssertionError(f"{engine.__name__} rendered {values} instead of refusing it")
+    return messages[0], messages[1]
+
+
 def lint_cli(values: Mapping[str, Any]) -> str:
     """`helm lint --strict`; returns its output, raises RenderError when it fails."""
     with tempfile.TemporaryDirectory() as tmp:

@@ -20,6 +20,7 @@ from chartkit import (
     get,
     objects,
     pod_spec,
+    refusals,
     render,
     render_cli,
     scenario_values,
@@ -194,12 +195,7 @@ GUARDS: dict[str, tuple[dict[str, Any], str]] = {
 @pytest.mark.parametrize("case", sorted(GUARDS))
 def test_guards_refuse_with_their_message(case: str) -> None:
     values, message = GUARDS[case]
-    with pytest.raises(RenderError) as sdk:
-        render(values)
-    assert message in sdk.value.message
-    with pytest.raises(RenderError) as cli:
-        render_cli(values)
-    assert message in cli.value.message
+    assert all(message in refused for refused in refusals(values))
 
 
 @pytest.mark.parametrize(
