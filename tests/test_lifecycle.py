@@ -72,6 +72,19 @@ def test_an_exited_sidecar_is_started_again_at_once_and_then_after_the_back_off(
     assert any("restarting side" in line for line in said)
 
 
+def test_a_restart_keeps_the_instant_it_was_noticed_unrounded(tmp_path: Path) -> None:
+    """A fault row counts the restarts at or after its injection; an exit noticed 40 ms after a fault injected at
+    7.03 s rounded to tenths (7.0 s) fell before it, and a CI run's kill row said 'none' restarted."""
+    spec = {
+        "initContainers": [container("side", "raise SystemExit(1)", restartPolicy="Always")],
+        "containers": [container("main", "import time; time.sleep(60)")],
+    }
+    with running_pod(pod_from_spec("p", spec), tmp_path, quiet) as pod:
+        with kubelet(pod, quiet, clock=lambda: 7.07) as loop:
+            wait_until(lambda: bool(loop.restarts), 10)
+    assert loop.restarts[0].at_s == 7.07
+
+
 def test_a_held_restart_waits_as_long_as_asked(tmp_path: Path) -> None:
     spec = {
         "initContainers": [container("side", "import time; time.sleep(60)", restartPolicy="Always")],
