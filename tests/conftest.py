@@ -21,6 +21,9 @@ from dockerkit import DockerEngine, MockImageBuild, build_mock_image, import_bas
 from xdist.remote import Producer
 from xdist.scheduler import LoadScopeScheduling
 
+# The staging tests load `stagekit` as a plugin (its fixtures); its asserts are rewritten like a test module's.
+pytest.register_assert_rewrite("stagekit")
+
 # The test files that use the session's Docker engine (the fixtures below), run on one worker.
 ON_THE_SESSIONS_ENGINE = frozenset({"tests/docker/test_mock_image.py", "tests/docker/test_container_pod.py"})
 

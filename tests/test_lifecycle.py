@@ -79,9 +79,8 @@ def test_a_restart_keeps_the_instant_it_was_noticed_unrounded(tmp_path: Path) ->
         "initContainers": [container("side", "raise SystemExit(1)", restartPolicy="Always")],
         "containers": [container("main", "import time; time.sleep(60)")],
     }
-    with running_pod(pod_from_spec("p", spec), tmp_path, quiet) as pod:
-        with kubelet(pod, quiet, clock=lambda: 7.07) as loop:
-            wait_until(lambda: bool(loop.restarts), 10)
+    with running_pod(pod_from_spec("p", spec), tmp_path, quiet) as pod, kubelet(pod, quiet, clock=lambda: 7.07) as loop:
+        wait_until(lambda: bool(loop.restarts), 10)
     assert loop.restarts[0].at_s == 7.07
 
 

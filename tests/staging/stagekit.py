@@ -7,13 +7,14 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from glm53 import tinymodels
 from glm53.staging.layout import RepoLayout
+from glm53.staging.standin import HostedRepo, HubStandIn, host_directory
 
 REPO = "glm53/tiny-dense"
 WEIGHTS = "model.safetensors"
@@ -25,6 +26,22 @@ def tiny_dense_model(factory: pytest.TempPathFactory) -> Path:
     if not (directory / tinymodels.MANIFEST).exists():
         tinymodels.build(tinymodels.get_shape("dense"), directory)
     return directory
+
+
+@pytest.fixture(scope="module")
+def tiny_dense(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_dense_model(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def hosted(tiny_dense: Path) -> HostedRepo:
+    return host_directory(REPO, tiny_dense)
+
+
+@pytest.fixture
+def hub(hosted: HostedRepo) -> Iterator[HubStandIn]:
+    with HubStandIn([hosted]) as stand_in:
+        yield stand_in
 
 
 def command(cache: Path, endpoint: str, *extra: str) -> list[str]:

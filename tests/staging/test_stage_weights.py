@@ -13,32 +13,18 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from stagekit import REPO, WEIGHTS, layout, one_line, same_files, stage, start, tiny_dense_model, wait_for
+from stagekit import REPO, WEIGHTS, layout, one_line, same_files, stage, start, wait_for
 
 from glm53.loopback import free_ports
 from glm53.staging.layout import read_marker
-from glm53.staging.standin import HostedRepo, HubStandIn, host_directory
+from glm53.staging.standin import HostedRepo, HubStandIn
 from glm53.staging.status import EXIT_DONE, EXIT_FAILED, EXIT_NOT_YET, read_status
 
-
-@pytest.fixture(scope="module")
-def tiny_dense(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny_dense_model(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def hosted(tiny_dense: Path) -> HostedRepo:
-    return host_directory(REPO, tiny_dense)
-
-
-@pytest.fixture
-def hub(hosted: HostedRepo) -> Iterator[HubStandIn]:
-    with HubStandIn([hosted]) as stand_in:
-        yield stand_in
+# The tiny model and the hub stand-in serving it (fixtures `tiny_dense`, `hosted`, `hub`), shared with the pod test.
+pytest_plugins = ["stagekit"]
 
 
 def snapshot(cache: Path, hosted: HostedRepo) -> Path:

@@ -18,36 +18,21 @@ import subprocess
 import sys
 import threading
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from stagekit import REPO, stage, tiny_dense_model
+from stagekit import REPO, stage
 
 from glm53.pod import ENGINE, PodOptions, render_plans, started_pod
 from glm53.profiles import get_profile
-from glm53.staging.standin import HostedRepo, HubStandIn, host_directory
+from glm53.staging.standin import HostedRepo, HubStandIn
 from glm53.staging.status import EXIT_DONE, read_status
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 # The engine's start-up (torch.compile's warm-up) takes about 2 minutes on 2 idle cores, over 5 with other work running.
 STARTUP_ATTEMPTS = 900
-
-
-@pytest.fixture(scope="module")
-def tiny_dense(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny_dense_model(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def hosted(tiny_dense: Path) -> HostedRepo:
-    return host_directory(REPO, tiny_dense)
-
-
-@pytest.fixture
-def hub(hosted: HostedRepo) -> Iterator[HubStandIn]:
-    with HubStandIn([hosted]) as stand_in:
-        yield stand_in
+# The tiny model and the hub stand-in serving it (fixtures `tiny_dense`, `hosted`, `hub`), shared with the stage tests.
+pytest_plugins = ["stagekit"]
 
 
 def _completion(base_url: str) -> dict[str, object]:
