@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+# The hybrid took 1131 s in a CI run, with the other worker busy: the limits leave room for a slower machine.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2500)]
 
 # The geometry lines the real connector logs: once in the scheduler, once per TP worker (TP 1: two lines).
 GEOMETRY = "Resolved LMCache MP geometry: group_tokens_per_block="
@@ -30,7 +31,7 @@ GEOMETRY = "Resolved LMCache MP geometry: group_tokens_per_block="
 
 def run_main_job(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "glm53", "pod", "--workdir", str(workdir), *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=1400, stdin=subprocess.DEVNULL)
+    return subprocess.run(command, capture_output=True, text=True, timeout=2400, stdin=subprocess.DEVNULL)
 
 
 def engine_log(workdir: Path) -> str:
