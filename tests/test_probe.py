@@ -44,10 +44,13 @@ HEALTHY = example("glm53-flash/healthy")
 PLAIN = example("glm53-flash/plain-banner")
 GEOMETRY = next(line for line in HEALTHY if "Resolved LMCache MP geometry" in line)
 BLOCK = next(line for line in HEALTHY if "Setting attention block size" in line)
-# The newer upstream server's line (LMCache 0.5.6 never logs it), in 0.5.6's format.
-NEGOTIATED = (
-    "\x1b[32;20m[2026-11-29 07:00:03,123] LMCache INFO:\x1b[0m Negotiated LMCache MP chunk size to 1152 "
-    "(configured_min=256, required_alignment=1152) \x1b[3m(server.py:211:lmcache.v1.multiprocess.server)\x1b[0m"
+# The negotiating server's line, as the real lmcache 0.5.7rc2 server logged it (LMCache 0.5.6 never logs it).
+NEGOTIATED = next(
+    line
+    for line in (Path(__file__).resolve().parent / "fixtures/logs/lmcache-0.5.7rc2/default-lmcache.log")
+    .read_text()
+    .splitlines()
+    if "Negotiated LMCache MP chunk size to 1152 (configured_min=256, required_alignment=1152)" in line
 )
 
 

@@ -32,9 +32,13 @@ def _lines(scenario: str, name: str) -> list[str]:
 HEALTHY = _lines("glm53-flash/healthy", "vllm.log")
 SERVER_1152 = _lines("glm53-flash/healthy", "lmcache.log")
 HASHER = next(line for line in SERVER_1152 if "TokenHasher initialized" in line)
-NEGOTIATED = (
-    "\x1b[32;20m[2026-11-29 07:00:03,123] LMCache INFO:\x1b[0m Negotiated LMCache MP chunk size to 1152 "
-    "(configured_min=256, required_alignment=1152) \x1b[3m(server.py:211:lmcache.v1.multiprocess.server)\x1b[0m"
+# The negotiating server's line, as the real lmcache 0.5.7rc2 server logged it (LMCache 0.5.6 never logs it).
+NEGOTIATED = next(
+    line
+    for line in (Path(__file__).resolve().parent / "fixtures/logs/lmcache-0.5.7rc2/default-lmcache.log")
+    .read_text()
+    .splitlines()
+    if "Negotiated LMCache MP chunk size to 1152 (configured_min=256, required_alignment=1152)" in line
 )
 
 

@@ -317,7 +317,7 @@ def _evaluate(
             f"found {found}; make every rank run the same model, TP size and attention backend, then restart the pod",
         )
     geometry = next(iter(facts.geometries.values()))
-    problem = _geometry_problem(profile, tensor_parallel_size, configured_chunk_size, facts, geometry)
+    problem = _geometry_problem(profile, tensor_parallel_size, facts, geometry)
     if problem is not None:
         return Verdict.of(Status.WRONG, problem)
     if geometry.lines > expected:
@@ -344,6 +344,9 @@ def _evaluate(
             "server starts; if it never logs it, pass the server's --chunk-size to the probe or add the server's log "
             f"(--log .../lmcache.log, LMCache's log level INFO){_malformed_note(facts)}",
         )
+    chunk_problem = _chunk_problem(*effective, geometry)
+    if chunk_problem is not None:
+        return Verdict.of(Status.WRONG, chunk_problem)
     return _ready(profile, tensor_parallel_size, effective, facts, geometry)
 
 
@@ -433,11 +436,7 @@ def _unified_size_from_groups(profile: ModelProfile, groups: tuple[int, ...]) ->
 
 
 def _geometry_problem(
-    profile: ModelProfile,
-    tensor_parallel_size: int,
-    configured_chunk_size: int | None,
-    facts: StartupFacts,
-    geometry: GeometryFact,
+    profile: ModelProfile, tensor_parallel_size: int, facts: StartupFacts, geometry: GeometryFact
 ) -> str | None:
     """What is wrong with a geometry as soon as its first line appears (more lines of it cannot fix it), or None."""
     groups = geometry.groups
@@ -464,16 +463,43 @@ def _geometry_problem(
             f"required_alignment={negotiated.alignment}; restart the LMCache server so it negotiates against "
             "this vLLM's geometry"
         )
-    effective = _effective_chunk(configured_chunk_size, facts)
-    if effective is None:  # judged once the server logs its size (the caller then says "not yet")
-        return None
-    chunk, chunk_source = effective
-    if chunk % alignment != 0:
-        return (
-            f"expected the chunk size to be a multiple of every non-zero group (LCM {alignment} of {list(groups)}), "
-            f"found {chunk} ({chunk_source}); set --chunk-size {round_up(chunk, alignment)} on the LMCache server"
-        )
+    if negotiated is not None and negotiated.resolved not in profile.validated_chunk_sizes:
+        return _unvalidated_negotiation(profile, negotiated, alignment)
     return None
+
+
+def _unvalidated_negotiation(profile: ModelProfile, negotiated: NegotiatedFact, alignment: int) -> str:
+    """A negotiated size the profile was not validated at: the minimum that negotiates to a validated one is the fix.
+
+    A negotiating server (lmcache 0.5.7rc2 engine_context.py:269-322) rounds its --chunk-size up to the alignment, so
+    a validated size V that is a multiple of the alignment negotiates to itself."""
+    validated = ", ".join(map(str, profile.validated_chunk_sizes))
+    fits = [size for size in profile.validated_chunk_sizes if size % alignment == 0]
+    fix = (
+        f"set --chunk-size {fits[0]} on the LMCache server (lmcache.chunkSize={fits[0]}), which negotiates to itself"
+        if fits
+        else f"none of them is a multiple of the alignment {alignment}: serve the model its profile describes"
+    )
+    return (
+        f"expected a chunk size that {profile.display_name} was validated at ({validated}), found "
+        f"{negotiated.resolved}: the LMCache server negotiated configured_min={negotiated.configured_min} up to it "
+        f"(required_alignment={negotiated.alignment}); {fix}"
+    )
+
+
+def _chunk_problem(chunk: int, chunk_source: str, geometry: GeometryFact) -> str | None:
+    """The chunk size against the geometry, judged once every connector line is in: a negotiating server settles its
+    size when the first TP worker's connector asks (lmcache 0.5.7rc2 vllm_multi_process_adapter.py:249-271), just
+    after that worker logged its geometry line and before the scheduler's (captured in
+    tests/fixtures/logs/lmcache-0.5.7rc2/), so until then the server's first `TokenHasher` size is its minimum."""
+    alignment = required_alignment(geometry.groups)
+    if chunk % alignment == 0:
+        return None
+    return (
+        f"expected the chunk size to be a multiple of every non-zero group (LCM {alignment} of "
+        f"{list(geometry.groups)}), found {chunk} ({chunk_source}); set --chunk-size {round_up(chunk, alignment)} on "
+        "the LMCache server"
+    )
 
 
 def _effective_chunk(configured_chunk_size: int | None, facts: StartupFacts) -> tuple[int, str] | None:
