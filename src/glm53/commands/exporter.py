@@ -27,7 +27,7 @@ from glm53.exporter import names
 from glm53.exporter.collector import Glm53Collector, Upstream
 from glm53.exporter.facts import LogWatch
 from glm53.exporter.server import serve
-from glm53.exporter.upstream import DEFAULT_TIMEOUT_SECONDS, metrics_url, registered_engines, scrape
+from glm53.exporter.upstream import DEFAULT_TIMEOUT_SECONDS, metrics_url, read_api_key, registered_engines, scrape
 from glm53.profiles import PROFILES, get_profile
 
 DEFAULT_PORT = 9400
@@ -56,6 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="`lmcache server`'s HTTP port (it serves /metrics there), base or /metrics URL, e.g. "
         "http://127.0.0.1:8080; repeat it once per server, in rank order, when the pod runs one server per TP rank",
+    )
+    parser.add_argument(
+        "--lmcache-api-key-file",
+        type=Path,
+        help="the LMCache server's API key file (its --api-key-file, one line: the key), sent as a bearer token to "
+        "its /metrics and /status; a negotiating server (lmcache 0.5.7) started with a key answers 401 without it "
+        "(default: no key)",
     )
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     parser.add_argument(
@@ -101,17 +108,19 @@ def build_registry(args: argparse.Namespace) -> tuple[CollectorRegistry, Glm53Co
     upstreams += [Upstream(t, u) for t, u in zip(names.lmcache_targets(len(lmcache_urls)), lmcache_urls, strict=True)]
     timeout = float(args.timeout)
     status_urls = [url.removesuffix("/metrics") + "/status" for url in lmcache_urls]
+    # Read once: a rotated key (the Secret updated) takes a restart of the exporter, as it does of the server.
+    key = None if args.lmcache_api_key_file is None else read_api_key(args.lmcache_api_key_file)
 
     def registration() -> int:
         # One server per rank: each registers only its own rank, and a server that lost its engine rejects that
         # rank's stores, which makes every lookup miss (the connector takes the minimum over the servers, lmcache
         # 0.5.6 vllm_multi_process_adapter.py:1054-1068): the fewest any server has is what says caching is alive.
-        return min(registered_engines(url, timeout=timeout) for url in status_urls)
+        return min(registered_engines(url, timeout=timeout, api_key=key) for url in status_urls)
 
     collector = Glm53Collector(
         LogWatch(args.log, profile, tp, chunk),
         upstreams,
-        lambda url: scrape(url, timeout=timeout),
+        lambda url: scrape(url, timeout=timeout, api_key=key if url in lmcache_urls else None),
         registration,
     )
     registry = CollectorRegistry()

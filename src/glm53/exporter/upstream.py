@@ -15,6 +15,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
@@ -97,14 +98,22 @@ def metrics_url(url: str) -> str:
     return url
 
 
-def fetch_text(url: str, timeout: float = DEFAULT_TIMEOUT_SECONDS) -> str:
-    """GET `url` and return its body as text, or raise `UpstreamError` (unreachable, non-200, oversized)."""
-    request = urllib.request.Request(url, headers={"Accept": "text/plain;version=0.0.4"})
+def fetch_text(url: str, timeout: float = DEFAULT_TIMEOUT_SECONDS, api_key: str | None = None) -> str:
+    """GET `url` and return its body as text, or raise `UpstreamError` (unreachable, non-200, oversized).
+
+    `api_key` is sent as a bearer token: a negotiating LMCache server started with `--api-key-file` answers
+    everything but `/` and `/healthcheck` with HTTP 401 without it (lmcache 0.5.7rc2 lmcache/security/http.py:45-99,
+    lmcache/v1/multiprocess/http_auth.py:23)."""
+    headers = {"Accept": "text/plain;version=0.0.4"}
+    if api_key is not None:
+        headers["Authorization"] = f"Bearer {api_key}"
+    request = urllib.request.Request(url, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             body: bytes = response.read(MAX_RESPONSE_BYTES + 1)
     except urllib.error.HTTPError as error:
-        raise UpstreamError(REASON_HTTP_STATUS, f"{url} answered HTTP {error.code}") from None
+        hint = " (it wants the server's API key: give the exporter --lmcache-api-key-file)" if error.code == 401 else ""
+        raise UpstreamError(REASON_HTTP_STATUS, f"{url} answered HTTP {error.code}{hint}") from None
     except (urllib.error.URLError, OSError, ValueError) as error:
         raise UpstreamError(REASON_UNREACHABLE, f"{url}: {error}") from None
     if len(body) > MAX_RESPONSE_BYTES:
@@ -112,9 +121,9 @@ def fetch_text(url: str, timeout: float = DEFAULT_TIMEOUT_SECONDS) -> str:
     return body.decode("utf-8", errors="replace")
 
 
-def scrape(url: str, timeout: float = DEFAULT_TIMEOUT_SECONDS) -> Snapshot:
+def scrape(url: str, timeout: float = DEFAULT_TIMEOUT_SECONDS, api_key: str | None = None) -> Snapshot:
     """Fetch and parse one upstream's metrics page."""
-    return parse_exposition(fetch_text(url, timeout))
+    return parse_exposition(fetch_text(url, timeout, api_key))
 
 
 def restarted(previous: Snapshot, current: Snapshot) -> bool:
@@ -131,7 +140,7 @@ def restarted(previous: Snapshot, current: Snapshot) -> bool:
     return any(key not in now or now[key] < value for key, value in previous.counters().items())
 
 
-def registered_engines(status_url: str, timeout: float = DEFAULT_TIMEOUT_SECONDS) -> int:
+def registered_engines(status_url: str, timeout: float = DEFAULT_TIMEOUT_SECONDS, api_key: str | None = None) -> int:
     """How many engine instances the LMCache server has registered, from its `GET /status`.
 
     lmcache 0.5.6 lmcache/v1/multiprocess/http_apis/info_api.py:63 serves the status of every module; the transfer
@@ -139,7 +148,7 @@ def registered_engines(status_url: str, timeout: float = DEFAULT_TIMEOUT_SECONDS
     the engine runs means the server does not know it: every store and retrieve is rejected (LMCache #4642).
     """
     try:
-        status = json.loads(fetch_text(status_url, timeout))
+        status = json.loads(fetch_text(status_url, timeout, api_key))
     except json.JSONDecodeError as error:
         raise UpstreamError(REASON_MALFORMED, f"{status_url} did not answer JSON ({error.msg})") from None
     ids = _find_key(status, "registered_gpu_ids")
@@ -163,3 +172,17 @@ def _find_key(value: object, key: str) -> object:
         if found is not None:
             return found
     return None
+
+
+def read_api_key(path: Path) -> str:
+    """The key in an LMCache API key file, read as the server reads it: exactly one non-empty line, stripped (lmcache
+    0.5.7rc2 lmcache/security/api_key.py:14-129); anything else is refused in one line."""
+    try:
+        lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as error:
+        raise Glm53Error(f"cannot read the LMCache API key file {str(path)!r}: {error}") from None
+    if len(lines) != 1:
+        raise Glm53Error(
+            f"the LMCache API key file {str(path)!r} must hold exactly one non-empty line (the key), found {len(lines)}"
+        )
+    return lines[0]
