@@ -9,8 +9,7 @@ Workers: `scripts/test.sh` runs `pytest -n 2`. Much of the suite waits (servers 
 its restart, an engine idling until LMCache reaps it), so two workers on two cores finish well before one. A worker
 takes whole test files, so a module-scoped fixture (a real engine's pod, a source build of LMCache) is set up once, as
 without workers; the files of the Docker engine's tests go to one worker together, since they share this session's
-engine and images (on two, both would start an engine and build every image). The longest files are handed out first.
-Without `-n` none of this applies.
+engine and images (on two, both would start an engine and build every image). Without `-n` none of this applies.
 """
 
 from __future__ import annotations
@@ -28,17 +27,6 @@ pytest.register_assert_rewrite("stagekit")
 # The test files that use the session's Docker engine (the fixtures below), run on one worker.
 ON_THE_SESSIONS_ENGINE = frozenset({"tests/docker/test_mock_image.py", "tests/docker/test_container_pod.py"})
 DOCKER_ENGINE_SCOPE = "docker-engine"
-# The longest scopes, longest first (a CI run's durations, 2026-12-01: 26, 17, 14, 9, 5, 4 and 4 minutes). They are
-# handed out before all others, so no long file starts last and runs on while the other worker has nothing left.
-LONGEST_FIRST = (
-    "tests/test_real_engine_pod.py",
-    "tests/docker/test_lmcache_build.py",
-    DOCKER_ENGINE_SCOPE,
-    "tests/test_faults_real_engine.py",
-    "tests/test_standin_conformance.py",
-    "tests/staging/test_staged_real_engine_pod.py",
-    "tests/docker/test_joint_deps.py",
-)
 
 
 class WholeFiles(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships no types
@@ -52,13 +40,6 @@ class WholeFiles(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships no t
     def _split_scope(self, nodeid: str) -> str:
         path = nodeid.split("::", 1)[0]
         return DOCKER_ENGINE_SCOPE if path in ON_THE_SESSIONS_ENGINE else path
-
-    def _assign_work_unit(self, node: object) -> None:
-        """xdist's next unit for `node`, the longest scopes (LONGEST_FIRST) taken first."""
-        for scope in reversed(LONGEST_FIRST):
-            if scope in self.workqueue:
-                self.workqueue.move_to_end(scope, last=False)
-        super()._assign_work_unit(node)
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> LoadScopeScheduling:

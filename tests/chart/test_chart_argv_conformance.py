@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -29,16 +30,24 @@ PARSE = Path(__file__).with_name("upstream_parse.py")
 VLLM_PYTHON = REPO_ROOT / ".tools" / "upstream-parsers-venv" / "bin" / "python"
 # The project's .venv carries the real lmcache==0.5.6 (the `pod` extra): its parser imports there.
 LMCACHE_PYTHON = Path(sys.executable)
+# A negotiating sidecar (lmcache.negotiate=true) is parsed by the negotiating release, lmcache 0.5.7rc2, from the
+# overlay scripts/setup.d/26-lmcache-negotiating.sh installs: 0.5.6's parser has no --api-key-file.
+NEGOTIATING_OVERLAY = REPO_ROOT / ".tools" / "lmcache-0.5.7rc2"
 # `glm53 mock vllm` takes vLLM's flags plus its own knobs; these are the stand-in's, not vLLM's.
 MOCK_ONLY_FLAGS = ("--profile", "--load-seconds")
 
 pytestmark = pytest.mark.slow
 
 
-def upstream_parse(tool: str, argvs: Sequence[Sequence[str]]) -> list[dict[str, Any]]:
-    """Parse every argv with the released parser of `tool` in one process (vLLM's import takes seconds)."""
+def upstream_parse(tool: str, argvs: Sequence[Sequence[str]], overlay: Path | None = None) -> list[dict[str, Any]]:
+    """Parse every argv with the released parser of `tool` in one process (vLLM's import takes seconds); `overlay`
+    first on PYTHONPATH shadows the environment's release of it."""
     python = VLLM_PYTHON if tool == "vllm" else LMCACHE_PYTHON
     assert python.exists(), f"{python} missing; run `bash scripts/setup.d/25-upstream-parsers.sh` first"
+    env = dict(os.environ)
+    if overlay is not None:
+        assert overlay.is_dir(), f"{overlay} missing; run `bash scripts/setup.d/26-lmcache-negotiating.sh` first"
+        env["PYTHONPATH"] = str(overlay)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "results.json"
         done = subprocess.run(
@@ -48,6 +57,7 @@ def upstream_parse(tool: str, argvs: Sequence[Sequence[str]]) -> list[dict[str, 
             text=True,
             timeout=300,
             check=False,
+            env=env,
         )
         assert done.returncode == 0, done.stderr[-3000:]
         results: list[dict[str, Any]] = json.loads(out.read_text())
@@ -151,6 +161,21 @@ def parsed(tool: str) -> dict[str, dict[str, Any]]:
     return dict(zip(named, upstream_parse(tool, list(named.values())), strict=True))
 
 
+def is_negotiating(values: Mapping[str, Any]) -> bool:
+    return bool(_value(values, "lmcache.negotiate", False))
+
+
+@functools.cache
+def parsed_negotiating() -> dict[str, dict[str, Any]]:
+    """The negotiating scenarios' sidecars, parsed by lmcache 0.5.7rc2."""
+    named = {
+        f"scenario:{n}": chart_argv("lmcache", scenario_objs(n))
+        for n in scenarios()
+        if is_negotiating(scenario_values(n))
+    }
+    return dict(zip(named, upstream_parse("lmcache", list(named.values()), NEGOTIATING_OVERLAY), strict=True))
+
+
 def _value(values: Mapping[str, Any], path: str, default: Any) -> Any:
     node: Any = values
     for key in path.split("."):
@@ -198,10 +223,13 @@ def test_engine_argv_parses_with_vllm_and_means_what_the_chart_intends(name: str
 
 @pytest.mark.parametrize("name", scenarios())
 def test_sidecar_argv_parses_with_lmcache_and_keeps_the_server_private(name: str) -> None:
-    engine_result, result = parsed("vllm")[f"scenario:{name}"], parsed("lmcache")[f"scenario:{name}"]
-    assert "ok" in result, f"LMCache 0.5.6 rejects the {name} sidecar argv: {result.get('error')}"
-    mp, http, args = result["ok"]["mp"], result["ok"]["http"], result["ok"]["args"]
     values = scenario_values(name)
+    release, parsed_sidecars = (
+        ("0.5.7rc2", parsed_negotiating()) if is_negotiating(values) else ("0.5.6", parsed("lmcache"))
+    )
+    engine_result, result = parsed("vllm")[f"scenario:{name}"], parsed_sidecars[f"scenario:{name}"]
+    assert "ok" in result, f"LMCache {release} rejects the {name} sidecar argv: {result.get('error')}"
+    mp, http, args = result["ok"]["mp"], result["ok"]["http"], result["ok"]["args"]
     profile = get_profile(values.get("profile", "glm53-flash"))
     assert mp["run_script_api_enabled"] is False
     assert (mp["host"], http["http_host"]) == ("127.0.0.1", "127.0.0.1")
@@ -224,6 +252,13 @@ def test_sidecar_argv_parses_with_lmcache_and_keeps_the_server_private(name: str
     for exporter in exporters:
         lmcache_url = exporter["args"][exporter["args"].index("--lmcache-url") + 1]
         assert lmcache_url == f"http://127.0.0.1:{http['http_port']}"
+    # The negotiating server's HTTP API takes the key from the mounted Secret; the exporter sends the same file's.
+    key_files = mp.get("api_key_files", [])
+    assert bool(key_files) is is_negotiating(values)
+    for exporter in exporters:
+        flag = "--lmcache-api-key-file"
+        sent = [exporter["args"][exporter["args"].index(flag) + 1]] if flag in exporter["args"] else []
+        assert sent == key_files
 
 
 def test_harmless_extra_arguments_render_parse_and_leave_the_guarded_values_alone() -> None:

@@ -130,6 +130,18 @@ GUARDS: dict[str, tuple[dict[str, Any], str]] = {
         {"validation": {"enabled": True}, "vllm": {"apiKeySecret": {"name": "vllm-key"}}},
         "validation.enabled=true with vllm.apiKeySecret: glm53 validate sends no API key",
     ),
+    "an api key for a server that has none": (
+        {"lmcache": {"apiKey": {"enabled": True, "secretName": "k"}}},
+        "lmcache.apiKey.enabled=true needs lmcache.negotiate=true: the released LMCache 0.5.6 server has no "
+        "--api-key-file",
+    ),
+    "negotiating without the api key's secret": (
+        {"lmcache": {"negotiate": True}},
+        "lmcache.negotiate=true turns on the LMCache server's API key (lmcache.apiKey), but lmcache.apiKey.secretName "
+        "is empty: create a Secret holding the key under lmcache.apiKey.secretKey (kubectl create secret generic "
+        'glm53-lmcache-api-key --from-literal=api-key="$(openssl rand -hex 24)") and name it there, or set '
+        "lmcache.apiKey.enabled=false",
+    ),
     "mock cannot negotiate": (
         {"mock": {"enabled": True}, "lmcache": {"negotiate": True, "chunkSize": None}},
         "mock.enabled=true with lmcache.negotiate=true: the mock image runs the released LMCache 0.5.6 server",
@@ -261,9 +273,10 @@ def test_dra_needs_kubernetes_1_34() -> None:
         },  # probe checks
         {
             "vllm": {"tensorParallelSize": 8},
-            "lmcache": {"negotiate": True},
+            "lmcache": {"negotiate": True, "apiKey": {"secretName": "k"}},
             "allowUnverified": {"tensorParallelSize": True},
         },
+        {"lmcache": {"negotiate": True, "apiKey": {"enabled": False}}},
         {"lmcache": {"enabled": False}, "vllm": {"enablePrefixCaching": False}},
         {"vllm": {"extraEnv": [{"name": "VLLM_BATCH_INVARIANT", "value": "0"}]}},
         # Storage every replica can mount: a claim each (newPvc), a shared many-node claim, node-local or pod-local.

@@ -494,3 +494,33 @@ def test_alerts_link_the_runbook_by_absolute_url() -> None:
     urls = [r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
     assert urls
     assert all(u.startswith("https://docs.example.com/glm53/runbook#") for u in urls), urls
+
+
+def test_a_negotiating_server_takes_its_api_key_from_the_secret_and_the_exporter_sends_it() -> None:
+    """lmcache.negotiate=true turns the key on: the sidecar's `--api-key-file` and the exporter's
+    `--lmcache-api-key-file` name the one read-only file of the Secret's key; the vLLM container never sees it."""
+    values = {**scenario_values("negotiating"), "exporter": {"enabled": True}}
+    objs = render(values)
+    spec = pod_spec(objs)
+    key_file = "/var/run/secrets/lmcache-api-key/api-key"
+    assert get(spec, "volumes[name=lmcache-api-key].secret") == {
+        "secretName": "glm53-lmcache-api-key",
+        "defaultMode": 0o440,
+        "items": [{"key": "api-key", "path": "api-key"}],
+    }
+    sidecar, exporter = container(objs, "lmcache"), container(objs, "exporter")
+    assert flag_value(sidecar["args"], "--api-key-file") == key_file
+    assert flag_value(exporter["args"], "--lmcache-api-key-file") == key_file
+    mount = {"name": "lmcache-api-key", "mountPath": "/var/run/secrets/lmcache-api-key", "readOnly": True}
+    assert (
+        get(sidecar, "volumeMounts[name=lmcache-api-key]")
+        == mount
+        == get(exporter, "volumeMounts[name=lmcache-api-key]")
+    )
+    assert all(m["name"] != "lmcache-api-key" for m in container(objs, "vllm")["volumeMounts"])
+    # The sidecar's probes use /healthcheck, which stays public.
+    assert "/healthcheck" in " ".join(get(sidecar, "startupProbe.exec.command"))
+    # The released 0.5.6 default renders no key at all.
+    default = render({})
+    assert "--api-key-file" not in container(default, "lmcache")["args"]
+    assert all(v["name"] != "lmcache-api-key" for v in pod_spec(default)["volumes"])

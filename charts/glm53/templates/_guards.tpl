@@ -141,6 +141,13 @@ flags into positionals). Call with (dict "key" VALUES-PATH "args" LIST "owned" O
 {{- fail "mock.enabled=true with lmcache.negotiate=true: the mock image runs the released LMCache 0.5.6 server, which does not negotiate the chunk size; set lmcache.negotiate=false (the chart then passes the profile's chunk size)" }}
 {{- end }}
 
+{{- if and (include "glm53.lmcacheApiKey" .) (not $l.negotiate) }}
+{{- fail "lmcache.apiKey.enabled=true needs lmcache.negotiate=true: the released LMCache 0.5.6 server has no --api-key-file; set lmcache.apiKey.enabled=false, or use a negotiating build" }}
+{{- end }}
+{{- if and (include "glm53.lmcacheApiKey" .) (not $l.apiKey.secretName) }}
+{{- fail "lmcache.negotiate=true turns on the LMCache server's API key (lmcache.apiKey), but lmcache.apiKey.secretName is empty: create a Secret holding the key under lmcache.apiKey.secretKey (kubectl create secret generic glm53-lmcache-api-key --from-literal=api-key=\"$(openssl rand -hex 24)\") and name it there, or set lmcache.apiKey.enabled=false" }}
+{{- end }}
+
 {{- if and .Values.monitoring.prometheusRule.enabled (not .Values.monitoring.prometheusRule.runbookBaseUrl) }}
 {{- fail "monitoring.prometheusRule.enabled=true needs monitoring.prometheusRule.runbookBaseUrl: set it to the absolute URL where docs/runbook.md is published (alert receivers cannot open a path inside this repository)" }}
 {{- end }}

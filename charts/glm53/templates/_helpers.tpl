@@ -146,6 +146,13 @@ vLLM's unified block size N) at another TP size it is N where N was measured the
 {{- define "glm53.lmcacheLog" -}}{{ include "glm53.logDir" . }}/lmcache.log{{- end }}
 {{- define "glm53.probeStateDir" -}}{{ include "glm53.logDir" . }}/.probe{{- end }}
 {{- define "glm53.hfTokenDir" -}}/var/run/secrets/huggingface{{- end }}
+{{- define "glm53.lmcacheApiKeyDir" -}}/var/run/secrets/lmcache-api-key{{- end }}
+{{/* "true" when the LMCache server's HTTP API takes a key (lmcache.apiKey.enabled, null: lmcache.negotiate), else "". */}}
+{{- define "glm53.lmcacheApiKey" -}}
+{{- $k := .Values.lmcache.apiKey }}
+{{- if and .Values.lmcache.enabled (ternary .Values.lmcache.negotiate $k.enabled (kindIs "invalid" $k.enabled)) }}true{{ end }}
+{{- end }}
+{{- define "glm53.lmcacheApiKeyFile" -}}{{ include "glm53.lmcacheApiKeyDir" . }}/{{ .Values.lmcache.apiKey.secretKey }}{{- end }}
 {{- define "glm53.loopback" -}}127.0.0.1{{- end }}
 {{- define "glm53.lmcachePort" -}}5555{{- end }}
 {{- define "glm53.lmcacheHttpPort" -}}8080{{- end }}
@@ -282,6 +289,7 @@ GPU host without Helm, and tests/test_gpu_proof_dryrun.py holds it to this helpe
 {{- if $l.separateObjectGroups }}{{ $args = append $args "--separate-object-groups" }}{{ end }}
 {{- $args = concat $args (list "--l1-size-gb" (include "glm53.lmcacheL1PerServer" $ctx) "--eviction-policy" $l.evictionPolicy) }}
 {{- $args = concat $args (list "--http-host" $lo "--http-port" (toString (int $s.httpPort))) }}
+{{- if include "glm53.lmcacheApiKey" $ctx }}{{ $args = concat $args (list "--api-key-file" (include "glm53.lmcacheApiKeyFile" $ctx)) }}{{ end }}
 {{- append $args "--no-run-script-api-enabled" | toJson }}
 {{- end }}
 
@@ -348,6 +356,7 @@ value (the probe derives what a negotiating server resolves it to), so it is pas
 {{- $args = concat $args (list "--vllm-url" (printf "http://%s:%s" $lo (include "glm53.vllmPort" .))) }}
 {{- /* Every server's admin port: with perRank the exporter scrapes each and labels its series by server. */}}
 {{- range $servers }}{{ $args = concat $args (list "--lmcache-url" (printf "http://%s:%d" $lo (int .httpPort))) }}{{ end }}
+{{- if include "glm53.lmcacheApiKey" . }}{{ $args = concat $args (list "--lmcache-api-key-file" (include "glm53.lmcacheApiKeyFile" .)) }}{{ end }}
 {{- concat $args (list "--port" (toString .Values.exporter.port) "--host" "0.0.0.0") | toJson }}
 {{- end }}
 
@@ -429,6 +438,15 @@ seccompProfile:
 {{- define "glm53.volumeMounts.logs" -}}
 - name: logs
   mountPath: {{ include "glm53.logDir" . }}
+{{- end }}
+
+{{/* The LMCache API key, read-only, for the containers that serve or scrape the server's HTTP API. */}}
+{{- define "glm53.volumeMounts.lmcacheApiKey" -}}
+{{- if include "glm53.lmcacheApiKey" . }}
+- name: lmcache-api-key
+  mountPath: {{ include "glm53.lmcacheApiKeyDir" . }}
+  readOnly: true
+{{- end }}
 {{- end }}
 
 {{- define "glm53.volumeMounts.runtime" -}}

@@ -231,6 +231,7 @@ spec:
           readOnly: true
         - name: tmp
           mountPath: /tmp
+        {{- include "glm53.volumeMounts.lmcacheApiKey" . | nindent 8 }}
     {{- end }}
   volumes:
     - name: logs
@@ -257,6 +258,15 @@ spec:
       {{- else }}
       emptyDir: {}
       {{- end }}
+    {{- end }}
+    {{- if include "glm53.lmcacheApiKey" . }}
+    - name: lmcache-api-key
+      secret:
+        secretName: {{ .Values.lmcache.apiKey.secretName }}
+        defaultMode: 0440
+        items:
+          - key: {{ .Values.lmcache.apiKey.secretKey }}
+            path: {{ .Values.lmcache.apiKey.secretKey }}
     {{- end }}
     {{- with .Values.weights.hfTokenSecret.name }}
     - name: hf-token
@@ -335,4 +345,5 @@ entry of glm53.lmcacheServers (lmcache.serverLayout): call with (dict "ctx" $ "s
   volumeMounts:
     {{- include "glm53.volumeMounts.logs" $ctx | nindent 4 }}
     {{- include "glm53.volumeMounts.runtime" $ctx | nindent 4 }}
+    {{- include "glm53.volumeMounts.lmcacheApiKey" $ctx | nindent 4 }}
 {{- end }}
