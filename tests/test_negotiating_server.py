@@ -13,19 +13,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+from lmcache057 import CAPTURED, captured
+
 from glm53.exporter.names import LMCACHE_LOOKUP_HIT
 from glm53.exporter.upstream import parse_exposition
 from glm53.logparse import parse_lines
 from glm53.probe import EXIT_READY, EXIT_WRONG, StartupFacts, Status, Verdict, evaluate
 from glm53.profiles import get_profile
 
-CAPTURED = Path(__file__).resolve().parent / "fixtures" / "logs" / "lmcache-0.5.7rc2"
 HYBRID = get_profile("tiny-hybrid")
 GEOMETRY = "Resolved LMCache MP geometry"
-
-
-def captured(run: str, process: str) -> list[str]:
-    return (CAPTURED / f"{run}-{process}.log").read_text(errors="replace").splitlines()
 
 
 def judged(*logs: list[str]) -> tuple[Verdict, StartupFacts]:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from chart_sidecar import StandaloneSidecar, chart_sidecar
+from lmcache057 import captured
 
 from glm53.errors import Glm53Error
 from glm53.exporter.upstream import UpstreamError, read_api_key, registered_engines, scrape
@@ -35,7 +36,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[1]
 OVERLAY = REPO / ".tools" / "lmcache-0.5.7rc2"
-CAPTURED = REPO / "tests" / "fixtures" / "logs" / "lmcache-0.5.7rc2"
 HYBRID = get_profile("tiny-hybrid")
 ALIGNMENT = 1152
 # The server's start on a busy 2-core machine: Python imports alone took 19 s of an idle one's 29 s.
@@ -116,7 +116,7 @@ def negotiate(sidecar: StandaloneSidecar, alignment: int) -> int:
 
 def probed(server_log: Path, run: str) -> Verdict:
     facts = StartupFacts()
-    facts.add_all(parse_lines((CAPTURED / f"{run}-vllm.log").read_text(errors="replace").splitlines()))
+    facts.add_all(parse_lines(captured(run, "vllm")))
     facts.add_all(parse_lines(server_log.read_text(errors="replace").splitlines()))
     return evaluate(HYBRID, 1, None, facts, 1000)
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from lmcache057 import NEGOTIATED
 
 from glm53 import cli
 from glm53.logparse import parse_lines
@@ -44,14 +45,6 @@ HEALTHY = example("glm53-flash/healthy")
 PLAIN = example("glm53-flash/plain-banner")
 GEOMETRY = next(line for line in HEALTHY if "Resolved LMCache MP geometry" in line)
 BLOCK = next(line for line in HEALTHY if "Setting attention block size" in line)
-# The negotiating server's line, as the real lmcache 0.5.7rc2 server logged it (LMCache 0.5.6 never logs it).
-NEGOTIATED = next(
-    line
-    for line in (Path(__file__).resolve().parent / "fixtures/logs/lmcache-0.5.7rc2/default-lmcache.log")
-    .read_text()
-    .splitlines()
-    if "Negotiated LMCache MP chunk size to 1152 (configured_min=256, required_alignment=1152)" in line
-)
 
 
 def geometry_line(groups: list[int], sched: int) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from lmcache057 import NEGOTIATED
 
 from glm53.logparse import LineOrigin, MalformedLine, ServerChunkSize, parse_line, parse_lines
 from glm53.probe import EXIT_NOT_YET, EXIT_READY, EXIT_WRONG, StartupFacts, Status, Verdict, evaluate
@@ -32,14 +33,6 @@ def _lines(scenario: str, name: str) -> list[str]:
 HEALTHY = _lines("glm53-flash/healthy", "vllm.log")
 SERVER_1152 = _lines("glm53-flash/healthy", "lmcache.log")
 HASHER = next(line for line in SERVER_1152 if "TokenHasher initialized" in line)
-# The negotiating server's line, as the real lmcache 0.5.7rc2 server logged it (LMCache 0.5.6 never logs it).
-NEGOTIATED = next(
-    line
-    for line in (Path(__file__).resolve().parent / "fixtures/logs/lmcache-0.5.7rc2/default-lmcache.log")
-    .read_text()
-    .splitlines()
-    if "Negotiated LMCache MP chunk size to 1152 (configured_min=256, required_alignment=1152)" in line
-)
 
 
 def hasher_line(chunk: str | int) -> str:
