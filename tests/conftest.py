@@ -26,7 +26,6 @@ pytest.register_assert_rewrite("stagekit")
 
 # The test files that use the session's Docker engine (the fixtures below), run on one worker.
 ON_THE_SESSIONS_ENGINE = frozenset({"tests/docker/test_mock_image.py", "tests/docker/test_container_pod.py"})
-DOCKER_ENGINE_SCOPE = "docker-engine"
 
 
 class WholeFiles(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships no types
@@ -39,7 +38,7 @@ class WholeFiles(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships no t
 
     def _split_scope(self, nodeid: str) -> str:
         path = nodeid.split("::", 1)[0]
-        return DOCKER_ENGINE_SCOPE if path in ON_THE_SESSIONS_ENGINE else path
+        return "docker-engine" if path in ON_THE_SESSIONS_ENGINE else path
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> LoadScopeScheduling:
