@@ -2,14 +2,15 @@
 # Fill the carry folder scripts/gpu-proof.sh reads on a GPU host that reaches no package index: run this where pip
 # reaches one, then carry the folder along (the device tool's `carry`, or a copy). Python 3.12 x86-64 wheels, the
 # lent H200 image's interpreter:
-#   CARRY/sdist/lmcache-0.5.6.tar.gz   copied from --sdist (scripts/setup.d/50-lmcache-build.sh puts it in .tools)
+#   CARRY/sdist/lmcache-V.tar.gz       copied from --sdist under its own name (gpu-proof.sh --lmcache-version V reads
+#                                      it; scripts/setup.d/50-lmcache-build.sh puts 0.5.6's in .tools)
 #   CARRY/rt/*.whl                     scripts/gpu-proof-rt.txt (LMCache's runtime dependencies the image lacks)
 #   CARRY/wheels/*.whl                 docker/vllm-lmcache/build-requirements.txt and what they need, less rt's
-# About 47 MiB in all; the device tool carries at most 64 MiB with the working tree.
+# About 48 MiB in all; the device tool carries at most 64 MiB with the working tree.
 #
 # Usage: scripts/gpu-proof-carry.sh [--carry DIR] [--sdist FILE] [--python PY]
 #   --carry DIR    the folder to fill (default .gpuproof; emptied first)
-#   --sdist FILE   the LMCache 0.5.6 sdist (default .tools/lmcache-dist/lmcache-0.5.6.tar.gz)
+#   --sdist FILE   the LMCache sdist, named lmcache-V.tar.gz (default .tools/lmcache-dist/lmcache-0.5.6.tar.gz)
 #   --python PY    the interpreter whose pip downloads (default .venv/bin/python)
 set -euo pipefail
 
@@ -37,6 +38,9 @@ done
 
 [ -f "$sdist" ] || fail "expected the LMCache sdist at $sdist but it is missing; run scripts/setup.d/50-lmcache-build.sh or pass --sdist."
 command -v "$python" >/dev/null 2>&1 || fail "expected the Python '$python' but it is missing; pass --python."
+# gpu-proof.sh finds the sdist by version (CARRY/sdist/lmcache-V.tar.gz), so the file keeps pip's name.
+[[ "$(basename "$sdist")" =~ ^lmcache-[0-9]+(\.[0-9]+)+((a|b|rc)[0-9]+)?\.tar\.gz$ ]] \
+    || fail "expected --sdist to be named like lmcache-0.5.6.tar.gz but got '$(basename "$sdist")'."
 
 # The lent host's interpreter and platform (KINDS.md: Python 3.12, x86-64); pip matches each manylinux tag exactly.
 platform=(--only-binary=:all: --python-version 3.12 --implementation cp)
@@ -47,7 +51,7 @@ pip=("$python" -m pip --disable-pip-version-check download --quiet)
 
 rm -rf "$carry"
 mkdir -p "$carry/sdist" "$carry/wheels" "$carry/rt"
-cp "$sdist" "$carry/sdist/lmcache-0.5.6.tar.gz"
+cp "$sdist" "$carry/sdist/"
 "${pip[@]}" --no-deps "${platform[@]}" -d "$carry/rt" -r scripts/gpu-proof-rt.txt
 "${pip[@]}" "${platform[@]}" -d "$carry/wheels" -r docker/vllm-lmcache/build-requirements.txt
 # The build searches rt/ too (gpu-proof.sh's build stage): carry each wheel once.

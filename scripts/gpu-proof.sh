@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # shellcheck disable=SC2317,SC2329  # the stage_* functions are called through run_stage "stage_<name>"
-# The GPU proof on one Hopper GPU (H200): build LMCache 0.5.6 from its sdist with the serving image's recipe
-# (docker/vllm-lmcache/build-lmcache.sh, timed), verify it (verify_lmcache.py), run LMCache's own kernel tests from the
-# sdist, check its cuda_ops copy kernel against a PyTorch reference, run CUDA IPC into the real `lmcache server` across
-# processes with KV tensors shaped like both models' cache groups and vLLM's align-mode block ids (store, lookup,
-# retrieve, compare bytes; per-request phases and GB/s against chunks per request, beside a pinned cudaMemcpy), run N
+# The GPU proof on one Hopper GPU (H200): build LMCache 0.5.6 (or --lmcache-version's) from its sdist with the serving
+# image's recipe (docker/vllm-lmcache/build-lmcache.sh, timed), verify it (verify_lmcache.py), run LMCache's own kernel
+# tests from the sdist, check its cuda_ops copy kernel against a PyTorch reference, run CUDA IPC into the real
+# `lmcache server` across processes with KV tensors shaped like both models' cache groups and vLLM's align-mode block
+# ids (store, lookup, retrieve, compare bytes; per-request phases and GB/s against chunks per request, beside a pinned
+# cudaMemcpy), run N
 # TP-rank processes sharing the GPU against the pod's server (and one server per rank), and run `glm53 probe startup`
 # on the server's GPU-mode logs. benchmarks/gpu_proof.py does the GPU work; this script installs, builds and
 # sequences. Every stage runs even if an earlier independent one failed; the exit status is non-zero when any stage
@@ -12,13 +13,15 @@
 #
 # Works offline (a lent GPU host reaches no package index): everything comes from a carry folder, which
 # scripts/gpu-proof-carry.sh fills on a machine with the package index:
-#   CARRY/sdist/lmcache-0.5.6.tar.gz   the LMCache sdist (`pip download --no-deps --no-binary lmcache lmcache==0.5.6`)
+#   CARRY/sdist/lmcache-V.tar.gz       the LMCache sdist, V from --lmcache-version
+#                                      (`pip download --no-deps --no-binary lmcache lmcache==V`)
 #   CARRY/wheels/*.whl                 docker/vllm-lmcache/build-requirements.txt and their dependencies (less rt/'s)
 #   CARRY/rt/*.whl                     LMCache's runtime dependencies the host lacks (scripts/gpu-proof-rt.txt;
 #                                      installed with --no-deps; also searched by the build)
 #
-# Usage: scripts/gpu-proof.sh [--dry-run] [--carry DIR] [--out DIR] [--python PY] [--lmcache-wheel WHL]
-#                             [--stages LIST] [--max-jobs N] [--case PROFILE@CHUNK[:COUNTS]]... [--chunks LIST]
+# Usage: scripts/gpu-proof.sh [--dry-run] [--carry DIR] [--out DIR] [--python PY] [--lmcache-version V]
+#                             [--lmcache-wheel WHL] [--stages LIST] [--max-jobs N] [--case PROFILE@CHUNK[:COUNTS]]...
+#                             [--chunks LIST]
 #                             [--reps N] [--l1-size-gb G] [--all-real-at N] [--tp-case PROFILE@CHUNK]...
 #                             [--ranks LIST] [--layouts LIST] [--tp-chunks N] [--tp-reps N] [--server-arg FLAG]...
 #                             [--time-budget S]
@@ -27,6 +30,8 @@
 #   --out DIR        results: summary.txt, kernels.json, ipc.json, tp.json, the wheel, lmcache-build.json,
 #                    logs.tar.gz (default $OUT when set, else artifacts/gpu-proof)
 #   --python PY      the interpreter whose environment holds the target torch (default python3)
+#   --lmcache-version V  the LMCache release whose sdist is built and whose kernel tests run (default 0.5.6, the
+#                    serving image's; a pre-release such as 0.5.7rc2 is proven the same way before the image moves)
 #   --lmcache-wheel  install this LMCache wheel instead of building (skips the build stage)
 #   --stages LIST    comma-separated subset of: machine,build,deps,install,kernels,ipc,tp,probe,lmcache-tests
 #                    (default all, in this order: the build and its verification run before LMCache's runtime
@@ -48,6 +53,7 @@ dry_run=0
 carry=".gpuproof"
 out="${OUT:-artifacts/gpu-proof}"
 python="python3"
+lmcache_version="0.5.6"
 wheel=""
 stages="$all_stages"
 max_jobs="$(nproc)"
@@ -77,6 +83,7 @@ while [ $# -gt 0 ]; do
         --carry) need_value "$@"; carry="$2"; shift 2 ;;
         --out) need_value "$@"; out="$2"; shift 2 ;;
         --python) need_value "$@"; python="$2"; shift 2 ;;
+        --lmcache-version) need_value "$@"; lmcache_version="$2"; shift 2 ;;
         --lmcache-wheel) need_value "$@"; wheel="$2"; shift 2 ;;
         --stages) need_value "$@"; stages="$2"; shift 2 ;;
         --max-jobs) need_value "$@"; max_jobs="$2"; shift 2 ;;
@@ -98,7 +105,10 @@ wants() { [[ ",$stages," == *",$1,"* ]]; }
 [[ "$max_jobs" =~ ^[1-9][0-9]*$ ]] || fail "expected --max-jobs to be a positive integer but got '$max_jobs'."
 [[ "$time_budget" =~ ^[1-9][0-9]*$ ]] || fail "expected --time-budget to be a positive integer but got '$time_budget'."
 command -v "$python" >/dev/null 2>&1 || fail "expected the Python '$python' on PATH but it is missing; pass --python."
-sdist="$carry/sdist/lmcache-0.5.6.tar.gz"
+# The version names the sdist file and its top folder (lmcache-V/), so it must be a plain release or pre-release.
+[[ "$lmcache_version" =~ ^[0-9]+(\.[0-9]+)+((a|b|rc)[0-9]+)?$ ]] \
+    || fail "expected --lmcache-version like 0.5.6 or 0.5.7rc2 but got '$lmcache_version'."
+sdist="$carry/sdist/lmcache-$lmcache_version.tar.gz"
 if [ -n "$wheel" ]; then
     [ -f "$wheel" ] || fail "expected the LMCache wheel $wheel but it does not exist."
     stages="${stages//build/}"
@@ -214,7 +224,8 @@ stage_lmcache_tests() {
         return 1
     fi
     mkdir -p "$tree"
-    tar -xzf "$sdist" -C "$tree" --strip-components=1 lmcache-0.5.6/tests lmcache-0.5.6/pytest.ini
+    tar -xzf "$sdist" -C "$tree" --strip-components=1 \
+        "lmcache-$lmcache_version/tests" "lmcache-$lmcache_version/pytest.ini"
     # -v: one PASSED/FAILED line per test, so the log still counts them if the time budget cuts the run short.
     (cd "$tree" && LMCACHE_TRACK_USAGE=false DO_NOT_TRACK=1 timeout "$left" "$python" -m pytest -v -p no:cacheprovider \
         -o log_cli=false tests/v1/test_mp_mem_kernels.py tests/v1/test_mem_kernels.py)

@@ -88,10 +88,56 @@ def test_dry_run_with_a_built_wheel_skips_the_build(carry: Path, tmp_path: Path)
     assert str(wheel) in result.stdout
 
 
+def test_dry_run_builds_the_sdist_of_the_lmcache_version_asked_for(carry: Path) -> None:
+    """A pre-release (0.5.7rc2) is proven from its own sdist before the image moves; 0.5.6 stays the default."""
+    (carry / "sdist" / "lmcache-0.5.7rc2.tar.gz").write_bytes(b"")
+    result = dry_run("--carry", str(carry), "--lmcache-version", "0.5.7rc2", "--stages", "build,lmcache-tests")
+    assert result.returncode == 0, result.stderr
+    assert f"build-lmcache.sh --source {carry}/sdist/lmcache-0.5.7rc2.tar.gz --arch-list 9.0" in result.stdout
+    assert "lmcache-0.5.6" not in result.stdout
+    default = dry_run("--carry", str(carry), "--stages", "build")
+    assert default.returncode == 0, default.stderr
+    assert f"--source {carry}/sdist/lmcache-0.5.6.tar.gz" in default.stdout
+
+
+def test_a_version_without_its_sdist_names_the_missing_file(carry: Path) -> None:
+    result = dry_run("--carry", str(carry), "--lmcache-version", "0.5.7rc2", "--stages", "build")
+    assert result.returncode == 2
+    assert f"expected the LMCache sdist at {carry}/sdist/lmcache-0.5.7rc2.tar.gz but it is missing" in result.stderr
+
+
+def test_the_carry_script_keeps_the_sdists_versioned_name(tmp_path: Path) -> None:
+    """gpu-proof.sh finds the sdist by version, so a renamed one is refused before anything is downloaded."""
+    sdist = tmp_path / "lmcache.tar.gz"
+    sdist.write_bytes(b"")
+    result = subprocess.run(
+        [
+            "bash",
+            str(REPO / "scripts" / "gpu-proof-carry.sh"),
+            "--sdist",
+            str(sdist),
+            "--python",
+            sys.executable,
+            "--carry",
+            str(tmp_path / "carry"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "expected --sdist to be named like lmcache-0.5.6.tar.gz but got 'lmcache.tar.gz'" in result.stderr
+    assert not (tmp_path / "carry").exists()
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (("--stages", "build,fly"), "unknown stage 'fly'"),
+        (("--lmcache-version", "latest"), "expected --lmcache-version like 0.5.6 or 0.5.7rc2 but got 'latest'"),
+        (("--lmcache-version", "0.5.6/../x"), "expected --lmcache-version like 0.5.6 or 0.5.7rc2 but got '0.5.6/../x'"),
         (("--max-jobs", "0"), "expected --max-jobs to be a positive integer but got '0'"),
         (("--time-budget", "soon"), "expected --time-budget to be a positive integer but got 'soon'"),
         (("--lmcache-wheel", "/nonexistent.whl"), "expected the LMCache wheel /nonexistent.whl but it does not exist"),

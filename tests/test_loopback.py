@@ -24,6 +24,7 @@ from glm53.loopback import (
     SHM,
     Relocation,
     listening_ports,
+    prepare_volumes,
     relocate,
     relocation_for,
     remove_stale_kv_segments,
@@ -167,9 +168,49 @@ def test_relocation_for_refuses_a_volume_that_is_not_an_empty_dir(tmp_path: Path
     with pytest.raises(Glm53Error) as error:
         relocation_for(pod, tmp_path)
     assert error.value.message == (
-        "volume 'weights' of pod 'glm53-flash' is not an emptyDir; the loopback runner provides emptyDirs only "
-        "(render mock mode with weights.source=none)"
+        "volume 'weights' of pod 'glm53-flash' is not an emptyDir or a Secret's listed keys; the loopback runner "
+        "provides those only (render mock mode with weights.source=none)"
     )
+
+
+# The negotiating generation on the real CPU engine: its server's API key comes from a Secret volume, and the mock
+# image's overlay of that LMCache is on every container's PYTHONPATH.
+NEGOTIATING_VALUES: dict[str, Any] = {
+    **WITH_EXPORTER,
+    "profile": "tiny-hybrid",
+    "mock": {"enabled": True, "engine": "vllm"},
+    "lmcache": {"generation": "0.5.7rc2", "apiKey": {"secretName": "glm53-lmcache-api-key"}},
+}
+
+
+def test_a_secret_volume_gets_a_fresh_random_key_readable_by_this_user_only(tmp_path: Path) -> None:
+    pod = deployment_pod(chart.render(NEGOTIATING_VALUES))
+    found = relocation_for(pod, tmp_path)
+    assert found.secrets == {"lmcache-api-key": ("api-key",)}
+
+    keys = []
+    for _ in range(2):
+        prepare_volumes(found, tmp_path)
+        key_file = found.volumes["lmcache-api-key"] / "api-key"
+        assert key_file.stat().st_mode & 0o777 == 0o400
+        keys.append(key_file.read_text())
+    assert all(len(key) == 49 and key.endswith("\n") and int(key, 16) for key in keys), keys
+    assert keys[0] != keys[1]  # a new pod, a new Secret
+    # The server and the exporter read the file the runner wrote.
+    moved = relocate(pod, found)
+    sidecar, exporter = moved.container("lmcache"), moved.container("exporter")
+    assert sidecar.option("--api-key-file") == exporter.option("--lmcache-api-key-file") == str(key_file)
+
+
+def test_the_images_venv_is_this_interpreters_so_the_generations_overlay_is_found(tmp_path: Path) -> None:
+    pod = deployment_pod(chart.render(NEGOTIATING_VALUES))
+    assert dict(pod.container("lmcache").env)["PYTHONPATH"] == "/opt/glm53/lmcache-0.5.7rc2"
+    moved = relocate(pod, relocation_for(pod, tmp_path))
+    for name in ("lmcache", "vllm"):  # the server and the engine's connector import the same LMCache
+        assert dict(moved.container(name).env)["PYTHONPATH"] == str(Path(sys.prefix) / "lmcache-0.5.7rc2")
+    # The released default sets no PYTHONPATH at all.
+    default = deployment_pod(chart.render({**NEGOTIATING_VALUES, "lmcache": {}}))
+    assert all("PYTHONPATH" not in dict(c.env) for c in default.containers)
 
 
 def test_service_url_on_loopback_keeps_scheme_and_path() -> None:

@@ -35,7 +35,7 @@ from glm53.profiles import get_profile
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[1]
-OVERLAY = REPO / ".tools" / "lmcache-0.5.7rc2"
+OVERLAY = Path(sys.prefix) / "lmcache-0.5.7rc2"  # scripts/setup.d/26-lmcache-negotiating.sh
 HYBRID = get_profile("tiny-hybrid")
 ALIGNMENT = 1152
 # The server's start on a busy 2-core machine: Python imports alone took 19 s of an idle one's 29 s.

@@ -9,6 +9,7 @@ the pod's own output lines and by polling with deadlines, never by sleeping.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import signal
@@ -26,14 +27,27 @@ import pytest
 
 from glm53.errors import Glm53Error
 from glm53.lifecycle import kubelet
-from glm53.loopback import EXIT_NOT_READY, RunningPod, free_ports, quiet, relocation_for, running_pod
+from glm53.loopback import (
+    EXIT_NOT_READY,
+    RunningPod,
+    free_ports,
+    prepare_volumes,
+    quiet,
+    relocate,
+    relocation_for,
+    running_pod,
+)
 from glm53.pod import (
+    LMCACHE_GENERATIONS,
     PodAddresses,
     PodOptions,
     engine_and_profile,
     exporter_highlights,
+    lmcache_release,
     pod_values,
     render_plans,
+    require_lmcache_overlay,
+    server_api_key,
     started_pod,
     totals,
     wait_pod_ready,
@@ -141,6 +155,48 @@ def test_the_main_jobs_values_are_an_install_not_a_second_pod() -> None:
     assert real["validation"]["extraArgs"] == ["--timeout", "300", "--pairs", "6", "--runs", "8"]
     engine = render_plans(PodOptions(FLASH, fault="recovery-mismatch")).serving.container("vllm")
     assert engine.argv[-2:] == ("--fault", "recovery-mismatch")
+
+
+def test_the_lmcache_generation_is_one_chart_value_and_the_runner_knows_the_charts_list() -> None:
+    """`glm53 pod --lmcache-generation 0.5.7rc2` is lmcache.generation (with the Secret the runner fills for its API
+    key); its rendered server negotiates (no --chunk-size) and every container imports the generation's overlay."""
+    schema = json.loads((Path(__file__).resolve().parents[1] / "charts/glm53/values.schema.json").read_text())
+    assert tuple(schema["properties"]["lmcache"]["properties"]["generation"]["enum"]) == LMCACHE_GENERATIONS
+    options = PodOptions(get_profile("tiny-hybrid"), engine="vllm", lmcache_generation="0.5.7rc2")
+    assert pod_values(options)["lmcache"] == {
+        "generation": "0.5.7rc2",
+        "apiKey": {"secretName": "glm53-lmcache-api-key"},
+    }
+    plans = render_plans(options)
+    sidecar = plans.serving.container("lmcache")
+    assert "--chunk-size" not in sidecar.argv and "--api-key-file" in sidecar.argv
+    assert lmcache_release(sidecar) == lmcache_release(plans.serving.container("vllm")) == "0.5.7rc2"
+    assert plans.test is not None and "--chunk-size" not in plans.test.containers[0].argv
+    default = render_plans(PodOptions(get_profile("tiny-hybrid"), engine="vllm"))
+    assert "lmcache" not in pod_values(PodOptions(FLASH)) and lmcache_release(default.serving.container("lmcache")) == (
+        "0.5.6"
+    )
+
+
+def test_the_main_job_reads_a_keyed_servers_metrics_with_the_key_the_runner_wrote(tmp_path: Path) -> None:
+    plan = render_plans(PodOptions(get_profile("tiny-hybrid"), engine="vllm", lmcache_generation="0.5.7rc2")).serving
+    relocation = relocation_for(plan, tmp_path)
+    prepare_volumes(relocation, tmp_path)
+    sidecar = relocate(plan, relocation).container("lmcache")
+    written = (relocation.volumes["lmcache-api-key"] / "api-key").read_text().strip()
+    assert server_api_key(sidecar) == written
+    assert server_api_key(render_plans(PodOptions(FLASH)).serving.container("lmcache")) is None
+
+
+def test_a_generation_without_its_overlay_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))
+    with pytest.raises(Glm53Error) as error:
+        require_lmcache_overlay("0.5.7rc2")
+    assert error.value.message == (
+        f"--lmcache-generation 0.5.7rc2 runs lmcache 0.5.7rc2 from {tmp_path}/lmcache-0.5.7rc2, which is missing; "
+        "run bash scripts/setup.d/26-lmcache-negotiating.sh"
+    )
+    require_lmcache_overlay("0.5.6")  # the environment's own
 
 
 def glm53_pod(*args: str) -> list[str]:

@@ -9,6 +9,10 @@ runs, `relocate` gives the plan this machine's places, in this one function, and
   loopback;
 - every emptyDir becomes a directory under the work dir (emptied first, as a new pod's are), except the in-memory one
   mounted at /dev/shm, which is the host's memory-backed /dev/shm (the servers name their segments per process);
+- a Secret volume becomes a directory holding a fresh random value for each projected key, readable by this user only:
+  the runner plays the operator who created the Secret (`kubectl create secret ... "$(openssl rand -hex 24)"`);
+- the images' environment, /opt/glm53 (a venv), is this interpreter's: a path under it (the mock image's LMCache
+  generation overlay on PYTHONPATH) names the same place under `sys.prefix`;
 - the image's init (`tini --`) is left out: each container runs in its own process group, which this runner signals.
 
 Then `running_pod` starts the containers in the kubelet's order: each plain init container, run to completion (a
@@ -27,6 +31,7 @@ import dataclasses
 import math
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -47,6 +52,8 @@ from glm53.podplan import ContainerPlan, ExecProbe, HttpGetProbe, PodPlan
 LOCALHOST = "127.0.0.1"
 WILDCARD = "0.0.0.0"
 SHM = "/dev/shm"
+# The images' Python environment (docker/mock: `python3 -m venv /opt/glm53`); here, this interpreter's.
+IMAGE_VENV = "/opt/glm53"
 EXIT_NOT_READY = 3  # the pod never became Ready: a container died or a startup probe gave up (kubelet: restart)
 _PORT_FLAG = re.compile(r"^--[a-z0-9-]*port$")
 _ZMQ_BIND = re.compile(r"tcp://\*:(\d+)")
@@ -71,6 +78,8 @@ class Relocation:
 
     ports: Mapping[int, int]
     volumes: Mapping[str, Path]
+    # Secret volumes: their file names, each written with a fresh random value.
+    secrets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def port(self, pod_port: int) -> int:
         return self.ports.get(pod_port, pod_port)
@@ -79,10 +88,15 @@ class Relocation:
         """The rewrites, for the runner to print."""
         ports = ", ".join(f"{before}->{after}" for before, after in sorted(self.ports.items()))
         volumes = ", ".join(f"{name} -> {path}" for name, path in sorted(self.volumes.items()))
-        return [
+        lines = [
             f"ports moved to free loopback ones: {ports or 'none'}; wildcard binds {WILDCARD} -> {LOCALHOST}",
             f"volumes: {volumes or 'none'}; the image's init (tini) is left to this runner's process groups",
+            f"the images' {IMAGE_VENV} -> {sys.prefix}",
         ]
+        lines += [
+            f"secret volume {name}: a fresh random {', '.join(keys)}" for name, keys in sorted(self.secrets.items())
+        ]
+        return lines
 
 
 def listening_ports(plan: PodPlan) -> list[int]:
@@ -102,16 +116,21 @@ def relocation_for(plan: PodPlan, workdir: Path) -> Relocation:
     """Free loopback ports for the plan's ports, and a directory per emptyDir under `workdir` (/dev/shm stays)."""
     pod_ports = listening_ports(plan)
     volumes: dict[str, Path] = {}
+    secret_files: dict[str, tuple[str, ...]] = {}
     for volume in plan.volumes:
+        if volume.secret_name is not None and volume.secret_paths:
+            volumes[volume.name] = workdir / volume.name
+            secret_files[volume.name] = volume.secret_paths
+            continue
         if not volume.empty_dir:
             raise Glm53Error(
-                f"volume {volume.name!r} of pod {plan.name!r} is not an emptyDir; the loopback runner provides "
-                "emptyDirs only (render mock mode with weights.source=none)",
+                f"volume {volume.name!r} of pod {plan.name!r} is not an emptyDir or a Secret's listed keys; the "
+                "loopback runner provides those only (render mock mode with weights.source=none)",
                 EXIT_FAILURE,
             )
         at_shm = any(m.volume == volume.name and m.path == SHM for c in plan.containers for m in c.mounts)
         volumes[volume.name] = Path(SHM) if volume.in_memory and at_shm else workdir / volume.name
-    return Relocation(dict(zip(pod_ports, free_ports(len(pod_ports)), strict=True)), volumes)
+    return Relocation(dict(zip(pod_ports, free_ports(len(pod_ports)), strict=True)), volumes, secret_files)
 
 
 def _move_ports(text: str, ports: Mapping[int, int], where: str) -> str:
@@ -132,7 +151,7 @@ def _move_ports(text: str, ports: Mapping[int, int], where: str) -> str:
 
 
 def _move_paths(text: str, mounts: Mapping[str, Path]) -> str:
-    for mount_path, directory in mounts.items():
+    for mount_path, directory in {**mounts, IMAGE_VENV: Path(sys.prefix)}.items():
         if text == mount_path or text.startswith(mount_path.rstrip("/") + "/"):
             return str(directory) + text[len(mount_path) :]
     return text
@@ -368,13 +387,21 @@ def quiet(_line: str) -> None:
 
 
 def prepare_volumes(relocation: Relocation, workdir: Path) -> None:
-    """Fresh, empty emptyDir directories (stale logs or probe state from an earlier run would mislead the probe)."""
+    """Fresh, empty emptyDir directories (stale logs or probe state from an earlier run would mislead the probe), and
+    each Secret volume's files with a fresh random value, readable by this user only (the chart's 0440 less the group
+    a runner here has no use for)."""
     try:
         (workdir / "containers").mkdir(parents=True, exist_ok=True)
         for directory in relocation.volumes.values():
             if directory != Path(SHM):
                 shutil.rmtree(directory, ignore_errors=True)
                 directory.mkdir(parents=True)
+        for name, paths in relocation.secrets.items():
+            for path in paths:
+                secret = relocation.volumes[name] / path
+                secret.parent.mkdir(parents=True, exist_ok=True)
+                secret.write_text(secrets.token_hex(24) + "\n")
+                secret.chmod(0o400)
     except OSError as error:
         raise Glm53Error(f"cannot prepare the work directory {workdir} ({error}); pass a writable --workdir") from None
 

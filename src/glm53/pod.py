@@ -15,6 +15,8 @@ server's own `/metrics` (on its HTTP port) are read, as an operator would `curl`
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
@@ -24,8 +26,9 @@ from typing import Any, TextIO
 
 from glm53 import chart
 from glm53.errors import EXIT_FAILURE, Glm53Error
+from glm53.exporter.upstream import read_api_key
 from glm53.loopback import LOCALHOST, RunningPod, quiet, running_pod, service_url_on_loopback, wait_probe
-from glm53.podplan import PodPlan, deployment_pod, helm_test_pods
+from glm53.podplan import ContainerPlan, PodPlan, deployment_pod, helm_test_pods
 from glm53.probe import EXIT_NOT_YET
 from glm53.profiles import DEFAULT_PROFILE, PROFILES, ModelProfile, get_profile
 from glm53.validate.progress import Progress
@@ -46,10 +49,14 @@ EXPORTER_HIGHLIGHTS = (
     "glm53_sidecar_registered_engines",
     "glm53_sidecar_link_degraded",
 )
-# The real server's own counters the main job shows (lmcache 0.5.6 lmcache_mp_* names, served on its HTTP port).
+# The real server's own counters the main job shows (lmcache_mp_* names, served on its HTTP port). The last two exist
+# from 0.5.7rc2 on: the prompt as sent, and the request's hit counting vLLM's own prefix cache too (lmcache 0.5.7rc2
+# v1/mp_observability/subscribers/metrics/lookup.py:185-190); a 0.5.6 server shows none of them.
 LMCACHE_HIGHLIGHTS = (
     "lmcache_mp_lookup_requested_tokens_total",
     "lmcache_mp_lookup_hit_tokens_total",
+    "lmcache_mp_lookup_prompt_tokens_total",
+    "lmcache_mp_lookup_request_hit_tokens_total",
     "lmcache_mp_num_finished_stores_total",
     "lmcache_mp_num_finished_retrieves_total",
 )
@@ -57,6 +64,13 @@ LMCACHE_HIGHLIGHTS = (
 # probing readiness; a runner on a terminal must).
 HTTP_DEADLINE_S = 20.0
 
+
+# The LMCache generations the chart knows (lmcache.generation; values.schema.json holds the same list): the released
+# default, and the pre-release that negotiates the chunk size and keys its HTTP API.
+LMCACHE_GENERATIONS = ("0.5.6", "0.5.7rc2")
+DEFAULT_LMCACHE_GENERATION = LMCACHE_GENERATIONS[0]
+# The Secret the pod's LMCache API key comes from with a negotiating generation (the loopback runner fills it).
+LMCACHE_API_KEY_SECRET = "glm53-lmcache-api-key"
 
 # The engines the chart's mock mode can run (mock.engine), and the profile the real one serves by default.
 ENGINES = ("vllm", "standin")
@@ -99,6 +113,9 @@ class PodOptions:
     # Further `glm53 validate` arguments of the test pod (e.g. `--runs 8`), after the runner's own.
     validate_args: tuple[str, ...] = ()
     chart: Path | None = None
+    # The chart's lmcache.generation: which LMCache the server and the connector import (a non-default one from its
+    # overlay in this venv, scripts/setup.d/26-lmcache-negotiating.sh).
+    lmcache_generation: str = DEFAULT_LMCACHE_GENERATION
     # Further chart values layered on top (the fleet's router and cache sizes), as `--set` would.
     values: Mapping[str, Any] = field(default_factory=dict)
 
@@ -155,7 +172,23 @@ def pod_values(options: PodOptions) -> dict[str, Any]:
         },
         "terminationGracePeriodSeconds": 15,
     }
+    if options.lmcache_generation != DEFAULT_LMCACHE_GENERATION:
+        values["lmcache"] = {
+            "generation": options.lmcache_generation,
+            "apiKey": {"secretName": LMCACHE_API_KEY_SECRET},
+        }
     return merged(values, options.values)
+
+
+def require_lmcache_overlay(generation: str) -> None:
+    """A non-default generation runs from its overlay in this venv, where the chart's PYTHONPATH (/opt/glm53/...)
+    lands on loopback; without it the pod would silently run 0.5.6's server under the other generation's flags."""
+    overlay = Path(sys.prefix) / f"lmcache-{generation}"
+    if generation != DEFAULT_LMCACHE_GENERATION and not overlay.is_dir():
+        raise Glm53Error(
+            f"--lmcache-generation {generation} runs lmcache {generation} from {overlay}, which is missing; run "
+            "bash scripts/setup.d/26-lmcache-negotiating.sh"
+        )
 
 
 @dataclass(frozen=True)
@@ -202,10 +235,11 @@ def wait_pod_ready(pod: RunningPod, say: Callable[[str], None]) -> None:
     """After the sidecar passed its startup probe: the engine's startup probe until Ready, then its readiness probe."""
     for sidecar in pod.plan.lmcache_servers():
         url = f"http://{LOCALHOST}:{sidecar.option('--http-port')}"
+        chunk = sidecar.option("--chunk-size") if "--chunk-size" in sidecar.argv else "negotiated"
         say(
-            f"pod: LMCache 0.5.6 server {sidecar.name} healthy after {pod.startup_seconds[sidecar.name]:.1f} s at "
-            f"{url}/healthcheck (ZMQ on port {sidecar.option('--port')}, chunk size {sidecar.option('--chunk-size')}, "
-            f"L1 {sidecar.option('--l1-size-gb')} GB)"
+            f"pod: LMCache {lmcache_release(sidecar)} server {sidecar.name} healthy after "
+            f"{pod.startup_seconds[sidecar.name]:.1f} s at {url}/healthcheck (ZMQ on port {sidecar.option('--port')}, "
+            f"chunk size {chunk}, L1 {sidecar.option('--l1-size-gb')} GB)"
         )
     engine = pod.plan.container(ENGINE)
     if engine.startup_probe is None or engine.readiness_probe is None:
@@ -214,6 +248,14 @@ def wait_pod_ready(pod: RunningPod, say: Callable[[str], None]) -> None:
     ready = wait_probe(pod, ENGINE, engine.startup_probe, say, "startup probe", lambda code: code != EXIT_NOT_YET)
     say(f"pod: startup probe Ready: {ready}")
     wait_probe(pod, ENGINE, engine.readiness_probe, quiet, "readiness probe", within_s=HTTP_DEADLINE_S)
+
+
+def lmcache_release(container: ContainerPlan) -> str:
+    """The LMCache a rendered container imports: its PYTHONPATH's overlay (`.../lmcache-<generation>`), else the
+    environment's own release."""
+    overlay = dict(container.env).get("PYTHONPATH", "")
+    name = Path(overlay.split(os.pathsep)[0]).name if overlay else ""
+    return name.removeprefix("lmcache-") if name.startswith("lmcache-") else DEFAULT_LMCACHE_GENERATION
 
 
 @contextlib.contextmanager
@@ -264,13 +306,21 @@ def totals(exposition: str, names: tuple[str, ...]) -> list[str]:
     return [f"{name} {sums[name][0]:g} (sum of {sums[name][1]} series)" for name in names if name in sums]
 
 
-def scrape(pod: RunningPod, url: str) -> str:
-    """What `curl` on a metrics endpoint shows an operator; it may take a moment to answer after start-up."""
+def server_api_key(sidecar: ContainerPlan) -> str | None:
+    """The key a keyed LMCache server (`--api-key-file`, the negotiating generation) wants on /metrics, read from the
+    file it reads; None for a server without one."""
+    return read_api_key(Path(sidecar.option("--api-key-file"))) if "--api-key-file" in sidecar.argv else None
+
+
+def scrape(pod: RunningPod, url: str, api_key: str | None = None) -> str:
+    """What `curl` on a metrics endpoint shows an operator (with the server's key as a bearer token when it has one);
+    it may take a moment to answer after start-up."""
     deadline = time.monotonic() + HTTP_DEADLINE_S
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     while True:
         pod.check_running(EXIT_FAILURE)
         try:
-            with urllib.request.urlopen(url, timeout=10.0) as response:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10.0) as response:
                 return str(response.read().decode("utf-8", errors="replace"))
         except OSError as error:
             if time.monotonic() > deadline:
@@ -305,7 +355,8 @@ def run_pod(plans: PodPlans, workdir: Path, say: Callable[[str], None], progress
         pod.check_running(EXIT_FAILURE)
         exporter_lines = exporter_highlights(scrape(pod, urls.exporter)) if urls.exporter else []
         # With one server per rank the counters are summed over the servers too (each server counts its own lookups).
-        pages = [scrape(pod, f"{url}/metrics") for url in urls.lmcache_servers]
+        servers = zip(urls.lmcache_servers, pod.plan.lmcache_servers(), strict=True)
+        pages = [scrape(pod, f"{url}/metrics", server_api_key(sidecar)) for url, sidecar in servers]
         lmcache_lines = totals("\n".join(pages), LMCACHE_HIGHLIGHTS)
         # The servers start one after another (each native sidecar waits for the one before).
         startup = sum(pod.startup_seconds[c.name] for c in pod.plan.lmcache_servers())

@@ -83,12 +83,16 @@ class VolumeMount:
 
 @dataclass(frozen=True)
 class PodVolume:
-    """A pod volume: an emptyDir (in memory when its medium is Memory) or another source a runner may refuse."""
+    """A pod volume: an emptyDir (in memory when its medium is Memory), a Secret's keys, or another source a runner
+    may refuse."""
 
     name: str
     empty_dir: bool
     in_memory: bool
     size_bytes: int | None
+    # A secret volume's Secret and the file names its items project (the keys' paths); None for other sources.
+    secret_name: str | None = None
+    secret_paths: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -291,11 +295,14 @@ def _volume(spec: Mapping[str, Any]) -> PodVolume:
     empty_dir = spec.get("emptyDir")
     in_memory = empty_dir is not None and empty_dir.get("medium") == "Memory"
     size = empty_dir.get("sizeLimit") if empty_dir is not None else None
+    secret = spec.get("secret")
     return PodVolume(
         name=str(spec["name"]),
         empty_dir=empty_dir is not None,
         in_memory=in_memory,
         size_bytes=int(parse_quantity(size)) if size else None,
+        secret_name=str(secret["secretName"]) if secret is not None else None,
+        secret_paths=tuple(str(item["path"]) for item in secret.get("items", ())) if secret is not None else (),
     )
 
 

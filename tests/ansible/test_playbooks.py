@@ -182,6 +182,21 @@ def serving_build_vars(docker: Path, tmp_path: Path, **extra: Any) -> dict[str, 
     }
 
 
+def the_one_build(extra_vars: dict[str, Any], tmp_path: Path) -> str:
+    """Run build-images.yml, which must pass, through the fake docker of `tmp_path`; the one `build` it recorded."""
+    completed = subprocess.run(
+        [tool("ansible-playbook"), "build-images.yml", "-e", json.dumps(extra_vars)],
+        cwd=ANSIBLE_DIR,
+        env=ansible_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr
+    (build,) = (tmp_path / "builds.log").read_text().splitlines()
+    return build
+
+
 def variant(tmp_path: Path, answer: Path, **server: str) -> Path:
     """A captured answer with some Server fields replaced (a daemon we cannot run here)."""
     data = json.loads(answer.read_text())
@@ -201,22 +216,39 @@ def variant(tmp_path: Path, answer: Path, **server: str) -> Path:
     ids=["debian-docker.io-20.10", "cli-28-with-buildx"],
 )
 def test_the_serving_image_builds_with_buildkit(answer: Path, buildx: bool, reason: str, tmp_path: Path) -> None:
-    docker = fake_docker(tmp_path, answer, buildx=buildx)
+    build = the_one_build(serving_build_vars(fake_docker(tmp_path, answer, buildx=buildx), tmp_path), tmp_path)
 
-    completed = subprocess.run(
-        [tool("ansible-playbook"), "build-images.yml", "-e", json.dumps(serving_build_vars(docker, tmp_path))],
-        cwd=ANSIBLE_DIR,
-        env=ansible_env(),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-
-    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr
     assert json.loads((tmp_path / "report.json").read_text())["builder"] == "buildkit", reason
-    (build,) = (tmp_path / "builds.log").read_text().splitlines()
     dockerfile = REPO_ROOT / "docker" / "vllm-lmcache" / "Dockerfile"
     assert build.startswith(f"DOCKER_BUILDKIT=1 build --quiet --file {dockerfile} "), build
+
+
+@pytest.mark.parametrize(
+    ("generation", "tag_suffix"), [("0.5.6", ""), ("0.5.7rc2", "-lmcache0.5.7rc2")], ids=["default", "negotiating"]
+)
+def test_the_lmcache_generation_is_the_serving_builds_source_and_its_tag(
+    generation: str, tag_suffix: str, tmp_path: Path
+) -> None:
+    """One value, the chart's lmcache.generation: LMCACHE_SOURCE of the build and, when not the default, the tag the
+    chart's default image then names (charts/glm53/templates/_helpers.tpl, glm53.servingImageTag)."""
+    docker = fake_docker(tmp_path, DEBIAN_DOCKER_IO)
+    build = the_one_build(serving_build_vars(docker, tmp_path, glm53_images_lmcache_generation=generation), tmp_path)
+    version = yaml.safe_load((REPO_ROOT / "charts" / "glm53" / "Chart.yaml").read_text())["appVersion"]
+    assert f"--build-arg=LMCACHE_SOURCE={generation} " in build, build
+    assert f"--tag=glm53/vllm-lmcache:{version}{tag_suffix} " in build, build
+
+
+def test_an_unknown_lmcache_generation_is_refused_before_building(tmp_path: Path) -> None:
+    """The role's argument spec lists the chart's generations (meta/argument_specs.yml, `choices`)."""
+    docker = fake_docker(tmp_path, DEBIAN_DOCKER_IO)
+    messages = failure_messages(
+        "build-images.yml", serving_build_vars(docker, tmp_path, glm53_images_lmcache_generation="0.5.7")
+    )
+    assert messages == [
+        "Validation of arguments failed:\n"
+        "value of glm53_images_lmcache_generation must be one of: 0.5.6, 0.5.7rc2, got: 0.5.7"
+    ]
+    assert not (tmp_path / "builds.log").exists()
 
 
 REFUSE_SERVING = "expected BuildKit for serving (its Dockerfile uses RUN --mount), found the legacy builder: "

@@ -32,7 +32,7 @@ VLLM_PYTHON = REPO_ROOT / ".tools" / "upstream-parsers-venv" / "bin" / "python"
 LMCACHE_PYTHON = Path(sys.executable)
 # A negotiating sidecar (lmcache.negotiate=true) is parsed by the negotiating release, lmcache 0.5.7rc2, from the
 # overlay scripts/setup.d/26-lmcache-negotiating.sh installs: 0.5.6's parser has no --api-key-file.
-NEGOTIATING_OVERLAY = REPO_ROOT / ".tools" / "lmcache-0.5.7rc2"
+NEGOTIATING_OVERLAY = Path(sys.prefix) / "lmcache-0.5.7rc2"  # scripts/setup.d/26-lmcache-negotiating.sh
 # `glm53 mock vllm` takes vLLM's flags plus its own knobs; these are the stand-in's, not vLLM's.
 MOCK_ONLY_FLAGS = ("--profile", "--load-seconds")
 
@@ -162,7 +162,7 @@ def parsed(tool: str) -> dict[str, dict[str, Any]]:
 
 
 def is_negotiating(values: Mapping[str, Any]) -> bool:
-    return bool(_value(values, "lmcache.negotiate", False))
+    return bool(_value(values, "lmcache.generation", "0.5.6") != "0.5.6")
 
 
 @functools.cache
@@ -235,7 +235,7 @@ def test_sidecar_argv_parses_with_lmcache_and_keeps_the_server_private(name: str
     assert (mp["host"], http["http_host"]) == ("127.0.0.1", "127.0.0.1")
     assert mp["transport"] == "zmq"
     # A negotiating build gets no --chunk-size: the server starts from its default minimum and rounds up.
-    negotiating = _value(values, "lmcache.negotiate", False) and _value(values, "lmcache.chunkSize", None) is None
+    negotiating = is_negotiating(values) and _value(values, "lmcache.chunkSize", None) is None
     chunk = LMCACHE_DEFAULT_CHUNK_SIZE if negotiating else profile.recommended_chunk_size
     assert mp["chunk_size"] == _value(values, "lmcache.chunkSize", chunk)
     assert mp["separate_object_groups"] is _value(values, "lmcache.separateObjectGroups", True)

@@ -72,7 +72,7 @@ GUARDS: dict[str, tuple[dict[str, Any], str]] = {
         {"vllm": {"tensorParallelSize": 8}, "allowUnverified": {"tensorParallelSize": True}},
         "GLM-5.3-Flash's unified block size N was measured at TP 4 only, not at TP 8, so the chunk size is unknown; "
         'set lmcache.chunkSize to the N vLLM logs at TP 8 ("Setting attention block size to N tokens"), or set '
-        "lmcache.negotiate=true with a negotiating LMCache build",
+        "lmcache.generation=0.5.7rc2, which negotiates it",
     ),
     "separate object groups off for a hybrid": (
         {"lmcache": {"separateObjectGroups": False}},
@@ -132,19 +132,21 @@ GUARDS: dict[str, tuple[dict[str, Any], str]] = {
     ),
     "an api key for a server that has none": (
         {"lmcache": {"apiKey": {"enabled": True, "secretName": "k"}}},
-        "lmcache.apiKey.enabled=true needs lmcache.negotiate=true: the released LMCache 0.5.6 server has no "
+        "lmcache.apiKey.enabled=true with lmcache.generation=0.5.6: the released LMCache 0.5.6 server has no "
         "--api-key-file",
     ),
     "negotiating without the api key's secret": (
-        {"lmcache": {"negotiate": True}},
-        "lmcache.negotiate=true turns on the LMCache server's API key (lmcache.apiKey), but lmcache.apiKey.secretName "
-        "is empty: create a Secret holding the key under lmcache.apiKey.secretKey (kubectl create secret generic "
+        {"lmcache": {"generation": "0.5.7rc2"}},
+        "lmcache.generation=0.5.7rc2 turns on the LMCache server's API key (lmcache.apiKey), but "
+        "lmcache.apiKey.secretName is empty: create a Secret holding the key under lmcache.apiKey.secretKey "
+        "(kubectl create secret generic "
         'glm53-lmcache-api-key --from-literal=api-key="$(openssl rand -hex 24)") and name it there, or set '
         "lmcache.apiKey.enabled=false",
     ),
-    "mock cannot negotiate": (
-        {"mock": {"enabled": True}, "lmcache": {"negotiate": True, "chunkSize": None}},
-        "mock.enabled=true with lmcache.negotiate=true: the mock image runs the released LMCache 0.5.6 server",
+    "the stand-in on the negotiating generation": (
+        {"mock": {"enabled": True}, "lmcache": {"generation": "0.5.7rc2", "apiKey": {"secretName": "k"}}},
+        "mock.engine=standin with lmcache.generation=0.5.7rc2: the engine stand-in is held only to LMCache 0.5.6's "
+        "connector",
     ),
     "relative runbook links": (
         {"monitoring": {"prometheusRule": {"enabled": True}}},
@@ -273,10 +275,10 @@ def test_dra_needs_kubernetes_1_34() -> None:
         },  # probe checks
         {
             "vllm": {"tensorParallelSize": 8},
-            "lmcache": {"negotiate": True, "apiKey": {"secretName": "k"}},
+            "lmcache": {"generation": "0.5.7rc2", "apiKey": {"secretName": "k"}},
             "allowUnverified": {"tensorParallelSize": True},
         },
-        {"lmcache": {"negotiate": True, "apiKey": {"enabled": False}}},
+        {"lmcache": {"generation": "0.5.7rc2", "apiKey": {"enabled": False}}},
         {"lmcache": {"enabled": False}, "vllm": {"enablePrefixCaching": False}},
         {"vllm": {"extraEnv": [{"name": "VLLM_BATCH_INVARIANT", "value": "0"}]}},
         # Storage every replica can mount: a claim each (newPvc), a shared many-node claim, node-local or pod-local.
@@ -302,6 +304,8 @@ def test_near_misses_render(values: dict[str, Any]) -> None:
         ({"hfToken": "hf_abc"}, "hfToken"),  # no plain-token value exists: only weights.hfTokenSecret
         ({"weights": {"hfTokenSecret": {"name": "s", "token": "hf_abc"}}}, "token"),
         ({"lmcache": {"evictionPolicy": "FIFO"}}, "evictionPolicy"),
+        ({"lmcache": {"generation": "0.5.7"}}, "generation"),  # no final 0.5.7 yet: only 0.5.6 or 0.5.7rc2
+        ({"lmcache": {"negotiate": True}}, "negotiate"),  # lmcache.generation decides it
         ({"lmcache": {"chunkSize": "1152"}}, "chunkSize"),
         ({"vllm": {"kvCacheDtype": "int4"}}, "kvCacheDtype"),
         ({"weights": {"source": "s3"}}, "source"),

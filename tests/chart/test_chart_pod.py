@@ -497,7 +497,7 @@ def test_alerts_link_the_runbook_by_absolute_url() -> None:
 
 
 def test_a_negotiating_server_takes_its_api_key_from_the_secret_and_the_exporter_sends_it() -> None:
-    """lmcache.negotiate=true turns the key on: the sidecar's `--api-key-file` and the exporter's
+    """lmcache.generation=0.5.7rc2 turns the key on: the sidecar's `--api-key-file` and the exporter's
     `--lmcache-api-key-file` name the one read-only file of the Secret's key; the vLLM container never sees it."""
     values = {**scenario_values("negotiating"), "exporter": {"enabled": True}}
     objs = render(values)

@@ -137,15 +137,15 @@ flags into positionals). Call with (dict "key" VALUES-PATH "args" LIST "owned" O
 {{- fail (printf "dra.enabled=true needs resource.k8s.io/v1 (Kubernetes 1.34 or newer), but the target is %s; set dra.enabled=false to request nvidia.com/gpu through the device plugin" .Capabilities.KubeVersion.Version) }}
 {{- end }}
 
-{{- if and .Values.mock.enabled $l.negotiate }}
-{{- fail "mock.enabled=true with lmcache.negotiate=true: the mock image runs the released LMCache 0.5.6 server, which does not negotiate the chunk size; set lmcache.negotiate=false (the chart then passes the profile's chunk size)" }}
+{{- if and .Values.mock.enabled (include "glm53.lmcacheNegotiates" .) (not (include "glm53.realCpuEngine" .)) }}
+{{- fail (printf "mock.engine=standin with lmcache.generation=%s: the engine stand-in is held only to LMCache 0.5.6's connector (tests/test_standin_conformance.py); set mock.engine=vllm with a tiny profile (tiny-dense, tiny-hybrid), or lmcache.generation=0.5.6" $l.generation) }}
 {{- end }}
 
-{{- if and (include "glm53.lmcacheApiKey" .) (not $l.negotiate) }}
-{{- fail "lmcache.apiKey.enabled=true needs lmcache.negotiate=true: the released LMCache 0.5.6 server has no --api-key-file; set lmcache.apiKey.enabled=false, or use a negotiating build" }}
+{{- if and (include "glm53.lmcacheApiKey" .) (not (include "glm53.lmcacheNegotiates" .)) }}
+{{- fail "lmcache.apiKey.enabled=true with lmcache.generation=0.5.6: the released LMCache 0.5.6 server has no --api-key-file; set lmcache.apiKey.enabled=false, or lmcache.generation=0.5.7rc2" }}
 {{- end }}
 {{- if and (include "glm53.lmcacheApiKey" .) (not $l.apiKey.secretName) }}
-{{- fail "lmcache.negotiate=true turns on the LMCache server's API key (lmcache.apiKey), but lmcache.apiKey.secretName is empty: create a Secret holding the key under lmcache.apiKey.secretKey (kubectl create secret generic glm53-lmcache-api-key --from-literal=api-key=\"$(openssl rand -hex 24)\") and name it there, or set lmcache.apiKey.enabled=false" }}
+{{- fail "lmcache.generation=0.5.7rc2 turns on the LMCache server's API key (lmcache.apiKey), but lmcache.apiKey.secretName is empty: create a Secret holding the key under lmcache.apiKey.secretKey (kubectl create secret generic glm53-lmcache-api-key --from-literal=api-key=\"$(openssl rand -hex 24)\") and name it there, or set lmcache.apiKey.enabled=false" }}
 {{- end }}
 
 {{- if and .Values.monitoring.prometheusRule.enabled (not .Values.monitoring.prometheusRule.runbookBaseUrl) }}
@@ -166,11 +166,11 @@ flags into positionals). Call with (dict "key" VALUES-PATH "args" LIST "owned" O
 {{- if include "glm53.envEnabled" (dict "env" $l.extraEnv "name" "LMCACHE_RUN_SCRIPT_API_ENABLED") }}
 {{- fail "lmcache.extraEnv enables /run_script, which executes arbitrary Python sent to the unauthenticated admin API; remove LMCACHE_RUN_SCRIPT_API_ENABLED" }}
 {{- end }}
-{{- if not $l.negotiate }}
+{{- if not (include "glm53.lmcacheNegotiates" .) }}
 {{- $align := include "glm53.alignment" . }}
 {{- if not $align }}
 {{- if kindIs "invalid" $l.chunkSize }}
-{{- fail (printf "%s's unified block size N was measured at TP %d only, not at TP %d, so the chunk size is unknown; set lmcache.chunkSize to the N vLLM logs at TP %d (\"Setting attention block size to N tokens\"), or set lmcache.negotiate=true with a negotiating LMCache build" $p.displayName (int $p.tensorParallelSize) $tp $tp) }}
+{{- fail (printf "%s's unified block size N was measured at TP %d only, not at TP %d, so the chunk size is unknown; set lmcache.chunkSize to the N vLLM logs at TP %d (\"Setting attention block size to N tokens\"), or set lmcache.generation=0.5.7rc2, which negotiates it" $p.displayName (int $p.tensorParallelSize) $tp $tp) }}
 {{- end }}
 {{- else if ne 0 (mod (include "glm53.chunkSize" . | int) ($align | int)) }}
 {{- fail (printf "lmcache.chunkSize=%s is not a multiple of %s's block of %s tokens at TP %d (the released LMCache 0.5.6 refuses it when the engine connects); set lmcache.chunkSize to a multiple of %s (recommended %d), or unset it to use the profile's" (include "glm53.chunkSize" .) $p.displayName $align $tp $align (int $p.recommendedChunkSize)) }}

@@ -114,7 +114,7 @@ vLLM's unified block size N) at another TP size it is N where N was measured the
 {{- $p := include "glm53.profile" . | fromJson }}
 {{- if not (kindIs "invalid" .Values.lmcache.chunkSize) }}
 {{- int .Values.lmcache.chunkSize }}
-{{- else if not .Values.lmcache.negotiate }}
+{{- else if not (include "glm53.lmcacheNegotiates" .) }}
 {{- if or (not (include "glm53.followsUnifiedBlock" .)) (eq (include "glm53.tensorParallelSize" . | int) (int $p.tensorParallelSize)) }}
 {{- int $p.recommendedChunkSize }}
 {{- else }}
@@ -131,8 +131,14 @@ vLLM's unified block size N) at another TP size it is N where N was measured the
 {{- else if .Values.image.digest }}
 {{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
 {{- else }}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- printf "%s:%s" .Values.image.repository (default (include "glm53.servingImageTag" .) .Values.image.tag) }}
 {{- end }}
+{{- end }}
+
+{{/* The serving image's default tag: the chart's appVersion, suffixed with a non-default LMCache generation (what
+ansible/build-images.yml tags a build with LMCACHE_SOURCE=<generation>). */}}
+{{- define "glm53.servingImageTag" -}}
+{{- .Chart.AppVersion }}{{ if include "glm53.lmcacheNegotiates" . }}-lmcache{{ .Values.lmcache.generation }}{{ end }}
 {{- end }}
 
 {{- define "glm53.imagePullPolicy" -}}
@@ -147,10 +153,20 @@ vLLM's unified block size N) at another TP size it is N where N was measured the
 {{- define "glm53.probeStateDir" -}}{{ include "glm53.logDir" . }}/.probe{{- end }}
 {{- define "glm53.hfTokenDir" -}}/var/run/secrets/huggingface{{- end }}
 {{- define "glm53.lmcacheApiKeyDir" -}}/var/run/secrets/lmcache-api-key{{- end }}
-{{/* "true" when the LMCache server's HTTP API takes a key (lmcache.apiKey.enabled, null: lmcache.negotiate), else "". */}}
+{{/* "true" when lmcache.generation negotiates the chunk size (0.5.7rc2; the released 0.5.6 does not), else "". */}}
+{{- define "glm53.lmcacheNegotiates" -}}
+{{- if ne .Values.lmcache.generation "0.5.6" }}true{{ end }}
+{{- end }}
+{{/* "true" when the LMCache server's HTTP API takes a key (lmcache.apiKey.enabled, null: the generation negotiates). */}}
 {{- define "glm53.lmcacheApiKey" -}}
 {{- $k := .Values.lmcache.apiKey }}
-{{- if and .Values.lmcache.enabled (ternary .Values.lmcache.negotiate $k.enabled (kindIs "invalid" $k.enabled)) }}true{{ end }}
+{{- $default := not (empty (include "glm53.lmcacheNegotiates" .)) }}
+{{- if and .Values.lmcache.enabled (ternary $default $k.enabled (kindIs "invalid" $k.enabled)) }}true{{ end }}
+{{- end }}
+{{/* Where the mock image holds a non-default LMCache generation: installed without dependencies beside its venv's
+own 0.5.6 (/opt/glm53), first on PYTHONPATH for the server and the connector alike; "" for 0.5.6. */}}
+{{- define "glm53.lmcacheOverlay" -}}
+{{- if and .Values.mock.enabled (include "glm53.lmcacheNegotiates" .) }}/opt/glm53/lmcache-{{ .Values.lmcache.generation }}{{ end }}
 {{- end }}
 {{- define "glm53.lmcacheApiKeyFile" -}}{{ include "glm53.lmcacheApiKeyDir" . }}/{{ .Values.lmcache.apiKey.secretKey }}{{- end }}
 {{- define "glm53.loopback" -}}127.0.0.1{{- end }}
@@ -425,6 +441,10 @@ seccompProfile:
   value: "1"
 - name: HOME
   value: /tmp
+{{- with include "glm53.lmcacheOverlay" . }}
+- name: PYTHONPATH
+  value: {{ . }}
+{{- end }}
 {{- end }}
 
 {{/* EnvVar list items from a name -> value map (the telemetry defaults), in name order. */}}

@@ -15,7 +15,18 @@ from collections.abc import Sequence
 from glm53.commands.session import add_session_arguments, session
 from glm53.errors import EXIT_FAILURE, EXIT_OK
 from glm53.mock.engine import FAULTS
-from glm53.pod import DEFAULT_REAL_PROFILE, ENGINES, PodOptions, engine_and_profile, render_plans, run_pod, say_to
+from glm53.pod import (
+    DEFAULT_LMCACHE_GENERATION,
+    DEFAULT_REAL_PROFILE,
+    ENGINES,
+    LMCACHE_GENERATIONS,
+    PodOptions,
+    engine_and_profile,
+    render_plans,
+    require_lmcache_overlay,
+    run_pod,
+    say_to,
+)
 from glm53.profiles import DEFAULT_PROFILE, PROFILES
 from glm53.validate.progress import Progress
 from glm53.validate.report import render_text, write_json
@@ -24,7 +35,7 @@ from glm53.validate.report import render_text, write_json
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="glm53 pod",
-        description="Run the CPU pod (the real LMCache 0.5.6 server as the sidecar + the real vLLM engine or its "
+        description="Run the CPU pod (the real LMCache server as the sidecar + the real vLLM engine or its "
         "stand-in, each under glm53 supervise) on loopback, wait for the startup probe like the kubelet, validate it "
         "and stop it. Leaves no process behind.",
     )
@@ -50,6 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the chart's lmcache.serverLayout: one LMCache server for the pod (default), or one per TP rank",
     )
     parser.add_argument(
+        "--lmcache-generation",
+        choices=LMCACHE_GENERATIONS,
+        default=DEFAULT_LMCACHE_GENERATION,
+        help="the chart's lmcache.generation: 0.5.6 (default, the released server, --chunk-size from the profile) or "
+        "0.5.7rc2 (a pre-release that negotiates the chunk size and keys its HTTP API; the real engine only)",
+    )
+    parser.add_argument(
         "--validate",
         dest="validate_args",
         default="",
@@ -73,8 +91,10 @@ def main(argv: Sequence[str]) -> int:
         args.fault,
         validate_args=tuple(shlex.split(args.validate_args)),
         chart=args.chart,
+        lmcache_generation=args.lmcache_generation,
         values={"lmcache": {"serverLayout": args.server_layout}},
     )
+    require_lmcache_overlay(options.lmcache_generation)
     plans = render_plans(options)  # before the work dir: a chart that does not render leaves nothing behind
     with session("pod", args.workdir, args.keep) as run:
         fault = f", fault {options.fault}" if options.fault else ""
@@ -82,8 +102,8 @@ def main(argv: Sequence[str]) -> int:
         count = len(plans.serving.lmcache_servers())
         server_text = "server" if count == 1 else f"servers ({count}, one per TP rank)"
         say(
-            f"pod: {profile.display_name} (TP {profile.tensor_parallel_size}), {engine_name}, real LMCache 0.5.6 "
-            f"{server_text}{fault}"
+            f"pod: {profile.display_name} (TP {profile.tensor_parallel_size}), {engine_name}, real LMCache "
+            f"{options.lmcache_generation} {server_text}{fault}"
         )
         say(f"pod: work dir {run.workdir}")
         outcome = run_pod(plans, run.workdir, say, Progress(sys.stderr))

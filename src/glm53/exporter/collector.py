@@ -27,6 +27,15 @@ dashboard and alerts take `rate()`s of the `_total` series for windows):
   already had them (the connector then loads only the rest) or the loads failed and were recomputed
   (lmcache_mp_connector.py:1266-1292).
 
+Across LMCache generations the bound keeps its meaning, "what vLLM could still load from LMCache", and gets tighter:
+0.5.6 looks up from token 0 (lmcache_mp_connector.py:1295-1301, the adapter's `start=0`,
+vllm_multi_process_adapter.py:892-899), so its hit counter also counts chunks vLLM's own prefix cache holds, while
+0.5.7rc2 starts the lookup at vLLM's local hit, floored to a chunk (lmcache 0.5.7rc2 lmcache_mp_connector.py:1360-1384),
+so its counter is the external part alone, to within one chunk. 0.5.7rc2 adds `lmcache_mp_lookup_prompt_tokens_total`
+(the prompt as sent) and `lmcache_mp_lookup_request_hit_tokens_total` (the longer of vLLM's local hit and LMCache's,
+v1/multiprocess/modules/lookup.py:735), which mix both caches; they pass through, and vLLM's own local and external
+counters stay the source of the hit ratios in either generation.
+
 LMCache's own `lmcache_*` families are re-exposed unchanged: `lmcache server` serves them on its HTTP port, which
 listens on the pod's loopback only, so the exporter is how Prometheus (and the dashboard's L1 memory panel) sees them.
 With one server per TP rank (targets `lmcache-<i>`) each server's samples gain the label `lmcache_server="<i>"`, so the
