@@ -163,8 +163,10 @@ ansible/build-images.yml tags a build with LMCACHE_SOURCE=<generation>). */}}
 {{- $default := not (empty (include "glm53.lmcacheNegotiates" .)) }}
 {{- if and .Values.lmcache.enabled (ternary $default $k.enabled (kindIs "invalid" $k.enabled)) }}true{{ end }}
 {{- end }}
-{{/* Where the mock image holds a non-default LMCache generation: installed without dependencies beside its venv's
-own 0.5.6 (/opt/glm53), first on PYTHONPATH for the server and the connector alike; "" for 0.5.6. */}}
+{{/* Where a mock pod finds a non-default LMCache generation: installed without dependencies beside the images' venv's
+own 0.5.6 (/opt/glm53), first on PYTHONPATH for the server and the engine's connector alike (the connector is what
+asks to negotiate); "" for 0.5.6. The loopback runner's venv has it (scripts/setup.d/26-lmcache-negotiating.sh); the
+mock image does not carry it yet, as its only engine, the stand-in, is refused on it. */}}
 {{- define "glm53.lmcacheOverlay" -}}
 {{- if and .Values.mock.enabled (include "glm53.lmcacheNegotiates" .) }}/opt/glm53/lmcache-{{ .Values.lmcache.generation }}{{ end }}
 {{- end }}
