@@ -18,7 +18,6 @@ import contextlib
 import os
 import sys
 import time
-import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Any, TextIO
 
 from glm53 import chart
 from glm53.errors import EXIT_FAILURE, Glm53Error
-from glm53.exporter.upstream import read_api_key
+from glm53.exporter.upstream import UpstreamError, fetch_text, read_api_key
 from glm53.loopback import LOCALHOST, RunningPod, quiet, running_pod, service_url_on_loopback, wait_probe
 from glm53.podplan import ContainerPlan, PodPlan, deployment_pod, helm_test_pods
 from glm53.probe import EXIT_NOT_YET
@@ -316,13 +315,11 @@ def scrape(pod: RunningPod, url: str, api_key: str | None = None) -> str:
     """What `curl` on a metrics endpoint shows an operator (with the server's key as a bearer token when it has one);
     it may take a moment to answer after start-up."""
     deadline = time.monotonic() + HTTP_DEADLINE_S
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     while True:
         pod.check_running(EXIT_FAILURE)
         try:
-            with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10.0) as response:
-                return str(response.read().decode("utf-8", errors="replace"))
-        except OSError as error:
+            return fetch_text(url, timeout=10.0, api_key=api_key)
+        except UpstreamError as error:
             if time.monotonic() > deadline:
                 raise Glm53Error(f"{url} did not answer ({error}); see the logs in {pod.workdir}") from None
         time.sleep(0.1)
