@@ -29,13 +29,14 @@ from lmcache057 import captured
 from glm53.errors import Glm53Error
 from glm53.exporter.upstream import UpstreamError, read_api_key, registered_engines, scrape
 from glm53.logparse import parse_lines
+from glm53.pod import lmcache_overlay
 from glm53.probe import StartupFacts, Status, Verdict, evaluate
 from glm53.profiles import get_profile
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[1]
-OVERLAY = Path(sys.prefix) / "lmcache-0.5.7rc2"  # scripts/setup.d/26-lmcache-negotiating.sh
+OVERLAY = lmcache_overlay("0.5.7rc2")
 HYBRID = get_profile("tiny-hybrid")
 ALIGNMENT = 1152
 # The server's start on a busy 2-core machine: Python imports alone took 19 s of an idle one's 29 s.

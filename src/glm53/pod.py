@@ -179,10 +179,16 @@ def pod_values(options: PodOptions) -> dict[str, Any]:
     return merged(values, options.values)
 
 
+def lmcache_overlay(generation: str) -> Path:
+    """Where this venv holds a non-default generation (scripts/setup.d/26-lmcache-negotiating.sh installs it there):
+    the chart's PYTHONPATH /opt/glm53/lmcache-<generation> as the loopback runner maps the images' venv."""
+    return Path(sys.prefix) / f"lmcache-{generation}"
+
+
 def require_lmcache_overlay(generation: str) -> None:
-    """A non-default generation runs from its overlay in this venv, where the chart's PYTHONPATH (/opt/glm53/...)
-    lands on loopback; without it the pod would silently run 0.5.6's server under the other generation's flags."""
-    overlay = Path(sys.prefix) / f"lmcache-{generation}"
+    """A non-default generation runs from its overlay in this venv; without it the pod would silently run 0.5.6's
+    server under the other generation's flags."""
+    overlay = lmcache_overlay(generation)
     if generation != DEFAULT_LMCACHE_GENERATION and not overlay.is_dir():
         raise Glm53Error(
             f"--lmcache-generation {generation} runs lmcache {generation} from {overlay}, which is missing; run "

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from chartkit import REPO_ROOT, Obj, container, get, pod_spec, render, scenario_values, scenarios
 
+from glm53.pod import lmcache_overlay
 from glm53.profiles import LMCACHE_DEFAULT_CHUNK_SIZE, get_profile
 
 PARSE = Path(__file__).with_name("upstream_parse.py")
@@ -32,7 +33,7 @@ VLLM_PYTHON = REPO_ROOT / ".tools" / "upstream-parsers-venv" / "bin" / "python"
 LMCACHE_PYTHON = Path(sys.executable)
 # A negotiating sidecar (lmcache.negotiate=true) is parsed by the negotiating release, lmcache 0.5.7rc2, from the
 # overlay scripts/setup.d/26-lmcache-negotiating.sh installs: 0.5.6's parser has no --api-key-file.
-NEGOTIATING_OVERLAY = Path(sys.prefix) / "lmcache-0.5.7rc2"  # scripts/setup.d/26-lmcache-negotiating.sh
+NEGOTIATING_OVERLAY = lmcache_overlay("0.5.7rc2")
 # `glm53 mock vllm` takes vLLM's flags plus its own knobs; these are the stand-in's, not vLLM's.
 MOCK_ONLY_FLAGS = ("--profile", "--load-seconds")
 
