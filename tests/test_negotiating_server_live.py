@@ -1,10 +1,10 @@
 """The real negotiating LMCache server (lmcache 0.5.7rc2, from the overlay `scripts/setup.d/26-lmcache-negotiating.sh`
 installs) started as the chart starts its sidecar, asked to negotiate by LMCache's own request client.
 
-The sidecar is the tiny hybrid's rendered one less its `--chunk-size`, as `lmcache.negotiate=true` renders it (the
-chart refuses that value in mock mode, whose image runs 0.5.6). The client sends what the tiny hybrid's connector sends,
-the LCM of its groups' token spans, 1152 (lmcache 0.5.7rc2 lmcache/integration/vllm/lmcache_mp_connector.py:290-323,
-sent as NEGOTIATE_CHUNK_SIZE while the adapters are built, vllm_multi_process_adapter.py:249-271). So the lines the
+The sidecar is the tiny hybrid's rendered one less its `--chunk-size`, as `lmcache.generation=0.5.7rc2` renders it,
+run from the overlay. The client sends what the tiny hybrid's connector sends, the LCM of its groups' token spans,
+1152 (lmcache 0.5.7rc2 lmcache/integration/vllm/lmcache_mp_connector.py:290-323, sent as NEGOTIATE_CHUNK_SIZE while
+the adapters are built, vllm_multi_process_adapter.py:249-271). So the lines the
 probe reads here come from the real server in this run; the engine's lines are the captured run's
 (tests/fixtures/logs/lmcache-0.5.7rc2/), whose connector asked the same.
 """
@@ -57,7 +57,8 @@ def overlay_env(env: dict[str, str]) -> dict[str, str]:
 
 
 def negotiating_argv(sidecar: StandaloneSidecar, *extra: str) -> list[str]:
-    """The rendered server command less `--chunk-size` (what lmcache.negotiate=true renders), run by this Python."""
+    """The rendered server command less `--chunk-size` (as lmcache.generation=0.5.7rc2 renders it), run by this
+    Python."""
     argv = list(sidecar.argv)
     at = argv.index("--chunk-size")
     del argv[at : at + 2]

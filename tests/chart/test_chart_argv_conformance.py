@@ -31,7 +31,7 @@ PARSE = Path(__file__).with_name("upstream_parse.py")
 VLLM_PYTHON = REPO_ROOT / ".tools" / "upstream-parsers-venv" / "bin" / "python"
 # The project's .venv carries the real lmcache==0.5.6 (the `pod` extra): its parser imports there.
 LMCACHE_PYTHON = Path(sys.executable)
-# A negotiating sidecar (lmcache.negotiate=true) is parsed by the negotiating release, lmcache 0.5.7rc2, from the
+# A negotiating sidecar (lmcache.generation=0.5.7rc2) is parsed by the negotiating release, lmcache 0.5.7rc2, from the
 # overlay scripts/setup.d/26-lmcache-negotiating.sh installs: 0.5.6's parser has no --api-key-file.
 NEGOTIATING_OVERLAY = lmcache_overlay("0.5.7rc2")
 # `glm53 mock vllm` takes vLLM's flags plus its own knobs; these are the stand-in's, not vLLM's.
