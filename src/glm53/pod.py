@@ -131,8 +131,9 @@ def merged(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any
 
 
 # Startup-probe attempts, a second apart: the stand-in loads in 2 s; the real CPU engine's start-up (torch.compile
-# warm-up on 2 cores) took 46-150 s here, so it gets five minutes.
-STARTUP_ATTEMPTS = {"standin": 30, "vllm": 300}
+# warm-up on 2 cores) took 46-150 s alone, and more than 300 s in CI beside the LMCache source build, so it gets 15
+# minutes (the startup probe only bounds a hung start; a healthy one is Ready as soon as its lines are logged).
+STARTUP_ATTEMPTS = {"standin": 30, "vllm": 900}
 # Seconds per validation request: a cold 8507-token prefill of the tiny hybrid on 2 CPU cores took 24 s here.
 VALIDATE_TIMEOUT = {"standin": 60, "vllm": 300}
 # Paired continuations in the main job: two per template (the seed's 72 take the real CPU engine about 10 minutes;
