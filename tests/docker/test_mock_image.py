@@ -2,9 +2,10 @@
 
 Checks what a user of the images relies on — the tags (toolkit version and git revision), the OCI labels, the numeric
 non-root user, the writable log directory, tini as PID 1 in front of `glm53 supervise` (or of `vllm-router`), and in
-the mock image the real LMCache 0.5.6 server with the torch it was compiled against — plus the playbook's promises:
-`--check` builds and writes nothing (and its preflight refuses what cannot work), a second run of an unchanged tree
-changes nothing. The Dockerfiles are held to hadolint and a digest-pinned default base (no engine needed for those).
+the mock image the real LMCache 0.5.6 server with the torch it was compiled against (0.5.7rc2 where the chart's
+lmcache.generation points) — plus the playbook's promises: `--check` builds and writes nothing (and its preflight
+refuses what cannot work), a second run of an unchanged tree changes nothing. The Dockerfiles are held to hadolint
+and a digest-pinned default base (no engine needed for those).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from dockerkit import (
     mock_build_vars,
     run_playbook,
 )
+
+from glm53 import chart
+from glm53.podplan import deployment_pod
 
 # The first test here pays for the session's engine and mock image (fixtures, which pytest-timeout counts): many
 # minutes while the other xdist worker keeps both cores busy.
@@ -187,21 +191,34 @@ def test_tini_is_pid_1_in_front_of_the_supervisor(
     assert output.decode().split()[:4] == ["/usr/bin/tini", "--", "glm53", "supervise"]
 
 
+def rendered_sidecar_env(generation: str) -> dict[str, str]:
+    """The environment the chart gives the LMCache sidecar in mock mode with the real engine and `generation`."""
+    lmcache = {"generation": generation, "apiKey": {"secretName": "glm53-lmcache-api-key"}}
+    values = {"mock": {"enabled": True, "engine": "vllm"}, "profile": "tiny-hybrid", "lmcache": lmcache}
+    sidecar = next(c for c in deployment_pod(chart.render(values)).containers if c.sidecar)
+    return dict(sidecar.env)
+
+
 @pytest.mark.docker
-def test_the_mock_image_holds_the_real_lmcache_server(
-    docker_engine: DockerEngine, mock_image_build: MockImageBuild
+@pytest.mark.parametrize("generation", ["0.5.6", "0.5.7rc2"])
+def test_the_mock_image_holds_the_real_lmcache_server_of_each_generation(
+    docker_engine: DockerEngine, mock_image_build: MockImageBuild, generation: str
 ) -> None:
+    """Run with the environment the chart renders for `generation`, the image's Python imports that LMCache."""
     versions = "import importlib.metadata as m; print(*(m.version(d) for d in ('lmcache', 'torch', 'glm53')))"
     output = docker_engine.client.containers.run(
         built_image(mock_image_build, "mock")["id"],
         entrypoint=["python3", "-c", versions],
+        environment=rendered_sidecar_env(generation),
         network_mode="none",
         remove=True,
     )
 
-    assert output.decode().split() == ["0.5.6", "2.13.0+cpu", TOOLKIT_VERSION]
+    assert output.decode().split() == [generation, "2.13.0+cpu", TOOLKIT_VERSION]
     checks = built_image(mock_image_build, "mock")["checks"]
     assert ["lmcache", "server", "--help"] in checks  # the role ran the real server's CLI inside the image
+    overlay = rendered_sidecar_env("0.5.7rc2")["PYTHONPATH"]
+    assert ["env", f"PYTHONPATH={overlay}", "lmcache", "server", "--help"] in checks  # and the overlay's
 
 
 @pytest.mark.docker
