@@ -18,6 +18,8 @@ here: it becomes the engine's declared `http` port (the Service's target) on loo
 
 from __future__ import annotations
 
+import json
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -30,8 +32,12 @@ from dockerkit import DockerEngine, MockImageBuild, built_image
 
 import docker
 from glm53 import chart
+from glm53.faults.load import Outcome
+from glm53.faults.table import FaultWindow, format_table, row
+from glm53.lifecycle import RestartEvent
 from glm53.loopback import service_url_on_loopback
 from glm53.podplan import ContainerPlan, ExecProbe, PodPlan, deployment_pod, helm_test_pods
+from glm53.profiles import PROFILES
 
 # The first test here pays for the session's engine and mock image (fixtures, which pytest-timeout counts): many
 # minutes while the other xdist worker keeps both cores busy.
@@ -65,9 +71,14 @@ def with_option(argv: tuple[str, ...], option: str, value: str) -> list[str]:
 
 
 class ContainerPod:
-    """Rendered pods' containers on a Docker engine, all in the network namespace of the first container started.
+    """Rendered pods' containers on a Docker engine, each pod around a sandbox container (Kubernetes' pause container).
 
-    Volumes are per pod, like Kubernetes': Docker volumes named after the pod, except in-memory emptyDirs (tmpfs).
+    The sandbox owns the pod's IPC namespace (so its /dev/shm), and the first pod's sandbox owns the one network
+    namespace every pod here shares: a container that exits and is started again comes back into the same namespaces,
+    which it would take along if it owned them. Containers restart as the kubelet restarts them: a native sidecar
+    always, a main container per the pod's `restartPolicy`, through Docker's own restart policy (at once the first
+    time, then Docker's back-off, 100 ms doubling, where the kubelet's is 10 s doubling to 300 s). Volumes are per pod,
+    like Kubernetes': Docker volumes named after the pod, except in-memory emptyDirs (tmpfs).
     """
 
     def __init__(self, client: docker.DockerClient) -> None:
@@ -75,8 +86,7 @@ class ContainerPod:
         self.prefix = f"glm53-pod-{uuid.uuid4().hex[:8]}"
         self.volume_names: set[str] = set()
         self.started: list[Container] = []
-        # Per pod, the container whose IPC namespace (and so /dev/shm) the pod's later containers join.
-        self.ipc_owner: dict[str, Container] = {}
+        self.sandboxes: dict[str, Container] = {}
 
     def _mounts(self, pod: PodPlan, container: ContainerPlan) -> tuple[list[Mount], int | None]:
         volumes = {v.name: v for v in pod.volumes}
@@ -94,13 +104,37 @@ class ContainerPod:
                 mounts.append(Mount(target=mount.path, source=name, type="volume", read_only=mount.read_only))
         return mounts, shm_size
 
+    def sandbox(self, pod: PodPlan, shm_size: int | None = None) -> Container:
+        """The sandbox of `pod`, started the first time it is asked for: the pod's first container's image doing
+        nothing under tini, with no privileges, sizing /dev/shm from that container's in-memory /dev/shm volume."""
+        if pod.name in self.sandboxes:
+            return self.sandboxes[pod.name]
+        like = pod.containers[0]
+        first = next(iter(self.sandboxes.values()), None)
+        sandbox: Container = self.client.containers.run(
+            like.image,
+            entrypoint=["/usr/bin/tini", "--", "sleep", "infinity"],
+            name=f"{self.prefix}-{pod.name}-sandbox",
+            detach=True,
+            user=like.user or "",
+            read_only=True,
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            shm_size=shm_size,
+            network_mode="none" if first is None else f"container:{first.id}",
+            ipc_mode="shareable",
+        )
+        self.started.append(sandbox)
+        self.sandboxes[pod.name] = sandbox
+        return sandbox
+
     def start(self, pod: PodPlan, container: ContainerPlan, argv: list[str] | None = None) -> Container:
-        """Start one container of `pod` in the shared network namespace (the first one started creates it)."""
+        """Start one container of `pod` in its sandbox's namespaces, restarted when it exits as the kubelet would."""
         command = argv if argv is not None else list(container.argv)
         mounts, shm_size = self._mounts(pod, container)
-        network_mode = f"container:{self.started[0].id}" if self.started else "none"
-        owner = self.ipc_owner.get(pod.name)
-        ipc_mode = f"container:{owner.id}" if owner is not None else "shareable"
+        sandbox = self.sandbox(pod, shm_size)
+        network_owner = next(iter(self.sandboxes.values()))
+        restarts = container.sidecar or (pod.restart_policy == "Always" and not container.init)
         # Kubernetes semantics: `command` replaces the image's ENTRYPOINT, `args` alone follow it.
         entrypoint, arguments = (command[:1], command[1:]) if container.overrides_entrypoint else (None, command)
         started: Container = self.client.containers.run(
@@ -117,12 +151,11 @@ class ContainerPod:
             mem_limit=container.memory_limit_bytes or 0,
             nano_cpus=container.nano_cpus or 0,
             mounts=mounts,
-            shm_size=shm_size if owner is None else None,
-            network_mode=network_mode,
-            ipc_mode=ipc_mode,
+            network_mode=f"container:{network_owner.id}",
+            ipc_mode=f"container:{sandbox.id}",
+            restart_policy={"Name": "always"} if restarts else None,
         )
         self.started.append(started)
-        self.ipc_owner.setdefault(pod.name, started)
         return started
 
     def wait_probe(self, running: Container, name: str, probe: ExecProbe) -> str:
@@ -208,3 +241,77 @@ def test_rendered_mock_pod_starts_probes_ready_and_validates(
     hits = sample(metrics, "lmcache_mp_lookup_hit_tokens_total")
     print(f"container pod: the real server counted {hits:.0f} hit tokens")
     assert exit_code == 0 and hits > 0, metrics[-2000:]
+
+
+# Run inside the pod's sandbox (the mock image holds the toolkit): the fault suite's own load (glm53.faults.load),
+# which stores new documents and reloads older ones and reads what the server found for each reload from the server's
+# /metrics; it says when to inject the fault, then, after `observe` seconds, prints every request's outcome as JSON.
+LOAD_IN_POD = """
+import dataclasses, json, sys, time
+from glm53.faults.load import Load, LoadShape
+engine, lmcache, model, chunk, strict, warm, observe = sys.argv[1:]
+load = Load(engine, lmcache, model, LoadShape(document_tokens=2600), int(chunk), strict == "1", hang_s=60.0)
+load.start()
+time.sleep(float(warm))
+print("inject", load.now(), flush=True)
+time.sleep(float(observe))
+print(json.dumps([dataclasses.asdict(o) for o in load.stop()]), flush=True)
+"""
+# SIGKILL to every process of the container but its init (the supervisor and the server, as the loopback fault suite
+# kills the sidecar's process group): tini then exits and Docker's restart policy applies. `docker kill` would not do:
+# it disables the container's restart policy until the container is next started (docker-kill(1)).
+KILL_ALL_BUT_INIT = ["python3", "-c", "import os, signal; os.kill(-1, signal.SIGKILL)"]
+# Seconds of load before the kill, and after it: the supervisor's hold (25 s with the chart's 10 s heartbeat), the
+# server's start, the engine's failed ping and registration, and a document stored and reloaded after that.
+WARM_S = 15
+OBSERVE_S = 120
+
+
+@pytest.mark.docker
+def test_a_sidecar_killed_under_load_is_restarted_and_nothing_is_lost(
+    container_pod: ContainerPod, mock_image_build: MockImageBuild
+) -> None:
+    """SIGKILL the sidecar's processes under load: Docker starts the container again at once (the kubelet's first
+    restart), the chart's hold makes the engine's ping fail so it registers again (the fast-restart race), and
+    the engine serves on meanwhile (`kv_load_failure_policy: recompute`): no request fails or hangs, and documents
+    stored after the restart are found whole by the new server."""
+    rendered = chart.render(MOCK_VALUES)
+    pod = deployment_pod(rendered)
+    sidecar, engine = pod.container("lmcache"), pod.container("vllm")
+    assert sidecar.startup_probe is not None and engine.startup_probe is not None
+    lmcache = container_pod.start(pod, sidecar)
+    container_pod.wait_probe(lmcache, "lmcache", sidecar.startup_probe)
+    vllm = container_pod.start(pod, engine)
+    container_pod.wait_probe(vllm, "vllm", engine.startup_probe)
+
+    profile = PROFILES[engine.option("--profile")]
+    argv = [
+        *("python3", "-c", LOAD_IN_POD),
+        f"http://127.0.0.1:{engine.port('http')}",
+        f"http://127.0.0.1:{sidecar.option('--http-port')}",
+        helm_test_pods(rendered)[0].container("validate").option("--model"),
+        sidecar.option("--chunk-size"),
+        "1" if profile.strict_prefix else "0",
+        str(WARM_S),
+        str(OBSERVE_S),
+    ]
+    output = ""
+    injected_s: float | None = None
+    for chunk in container_pod.sandbox(pod).exec_run(argv, stream=True).output:
+        output += chunk.decode(errors="replace") if isinstance(chunk, bytes) else ""
+        if injected_s is None and (marker := re.search(r"^inject (\S+)$", output, re.MULTILINE)):
+            injected_s = float(marker.group(1))
+            lmcache.exec_run(KILL_ALL_BUT_INIT)
+    assert injected_s is not None, output[-3000:]
+    outcomes = [Outcome(**o) for o in json.loads(output.strip().splitlines()[-1])]
+
+    lmcache.reload()
+    restarts = int(lmcache.attrs["RestartCount"])
+    kill = RestartEvent(injected_s, "lmcache", "killed (SIGKILL)")
+    result = row(FaultWindow("kill (container)", injected_s, injected_s + OBSERVE_S, (kill,)), outcomes)
+    print("\n" + "\n".join(format_table("container pod, the chart's settings:", [result])))
+    logs = lmcache.logs().decode(errors="replace")
+    assert restarts >= 1, f"Docker did not start the sidecar again; its logs:\n{logs[-3000:]}"
+    assert "holding 25 s before the" in logs, logs[-3000:]  # the second start of the container held its server
+    assert (result.failed, result.hung) == (0, 0), result
+    assert result.hits_back_s is not None and result.hit_tokens == result.expected_tokens > 0, result
