@@ -148,10 +148,10 @@ def test_the_main_jobs_values_are_an_install_not_a_second_pod() -> None:
         "l1SizeGb": 2,
     }
     assert values["probes"]["startup"] == {"periodSeconds": 1, "failureThreshold": 30}
-    # The real engine gets five minutes to start and validation requests five minutes each (pod.py says why).
+    # The real engine gets 15 minutes to start and validation requests five minutes each (pod.py says why).
     real = pod_values(PodOptions(get_profile("tiny-dense"), engine="vllm", validate_args=("--runs", "8")))
     assert real["mock"]["engine"] == "vllm"
-    assert real["probes"]["startup"] == {"periodSeconds": 1, "failureThreshold": 300}
+    assert real["probes"]["startup"] == {"periodSeconds": 1, "failureThreshold": 900}
     assert real["validation"]["extraArgs"] == ["--timeout", "300", "--pairs", "6", "--runs", "8"]
     engine = render_plans(PodOptions(FLASH, fault="recovery-mismatch")).serving.container("vllm")
     assert engine.argv[-2:] == ("--fault", "recovery-mismatch")
