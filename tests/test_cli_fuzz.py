@@ -20,7 +20,6 @@ import functools
 import io
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -31,6 +30,7 @@ from unittest import mock
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sessionrun import run_in_session
 
 from glm53.cli import COMMANDS, main
 
@@ -170,23 +170,13 @@ def _run_in_process(argv: list[str], cwd: Path) -> tuple[int, str]:
 
 def _run_as_process(argv: list[str], cwd: Path) -> tuple[int, str]:
     env = {**os.environ, "LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "glm53", *argv],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        cwd=cwd,
-        env=env,
-        start_new_session=True,
-    )
     try:
-        _, stderr = process.communicate(timeout=SERVER_TIMEOUT_S)
+        done = run_in_session(
+            [sys.executable, "-m", "glm53", *argv], timeout=SERVER_TIMEOUT_S, cwd=cwd, env=env, capture_stdout=False
+        )
     except subprocess.TimeoutExpired:
         raise AssertionError(f"argv {argv!r} was still running after {SERVER_TIMEOUT_S:g} s") from None
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-    return process.returncode, stderr.decode("utf-8", "backslashreplace")
+    return done.returncode, done.stderr
 
 
 def _check(argv: list[str], code: int, stderr: str) -> None:

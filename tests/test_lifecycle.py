@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from glm53.lifecycle import BACKOFF_MAX_S, backoff_s, kubelet, restarts_on_exit
-from glm53.loopback import quiet, running_pod
+from glm53.loopback import quiet, running_pod, wait_probe
 from glm53.podplan import HttpGetProbe, pod_from_spec
 
 pytestmark = pytest.mark.timeout(120)
@@ -118,6 +118,27 @@ def test_a_failing_liveness_probe_kills_and_restarts_the_container(tmp_path: Pat
         flag.unlink()
         assert first.process.returncode is not None
         assert any("liveness probe failed 2 times" in line for line in said)
+
+
+def test_a_timed_out_startup_probe_spends_an_attempt_and_is_no_verdict(tmp_path: Path) -> None:
+    """A CI run's startup probe took over its 10 s on a loaded machine and the runner took the timeout for the probe's
+    final 'wrong' verdict; the kubelet counts it as one failed attempt (KEP-1972)."""
+    attempts = tmp_path / "attempts"
+    # The first attempt sleeps past the 1 s timeout; the second passes.
+    script = (
+        f"import time; from pathlib import Path; p = Path({str(attempts)!r}); n = len(p.read_text()) if p.exists() "
+        "else 0; p.write_text('x' * (n + 1)); time.sleep(5 if n == 0 else 0); print('ready')"
+    )
+    probe = {**exec_probe(script, threshold=3), "timeoutSeconds": 1}
+    spec = {"containers": [container("main", "import time; time.sleep(60)", startupProbe=probe)]}
+    plan = pod_from_spec("p", spec)
+    startup = plan.container("main").startup_probe
+    assert startup is not None
+    said: list[str] = []
+    with running_pod(plan, tmp_path, quiet) as pod:
+        line = wait_probe(pod, "main", startup, said.append, "startup probe", gives_up=lambda code: code != 3)
+    assert line == "ready"
+    assert said == ["pod: startup probe 1/3: probe timed out after 1 s"]
 
 
 def test_an_http_liveness_probe_is_read_from_the_spec_with_its_named_port() -> None:

@@ -104,13 +104,18 @@ class ContainerPod:
                 mounts.append(Mount(target=mount.path, source=name, type="volume", read_only=mount.read_only))
         return mounts, shm_size
 
+    @property
+    def network_owner(self) -> Container | None:
+        """The first pod's sandbox, which holds the network namespace every pod here shares; None before any pod."""
+        return next(iter(self.sandboxes.values()), None)
+
     def sandbox(self, pod: PodPlan, shm_size: int | None = None) -> Container:
         """The sandbox of `pod`, started the first time it is asked for: the pod's first container's image doing
         nothing under tini, with no privileges, sizing /dev/shm from that container's in-memory /dev/shm volume."""
         if pod.name in self.sandboxes:
             return self.sandboxes[pod.name]
         like = pod.containers[0]
-        first = next(iter(self.sandboxes.values()), None)
+        first = self.network_owner
         sandbox: Container = self.client.containers.run(
             like.image,
             entrypoint=["/usr/bin/tini", "--", "sleep", "infinity"],
@@ -133,7 +138,8 @@ class ContainerPod:
         command = argv if argv is not None else list(container.argv)
         mounts, shm_size = self._mounts(pod, container)
         sandbox = self.sandbox(pod, shm_size)
-        network_owner = next(iter(self.sandboxes.values()))
+        network_owner = self.network_owner
+        assert network_owner is not None  # the sandbox just asked for is one
         restarts = container.sidecar or (pod.restart_policy == "Always" and not container.init)
         # Kubernetes semantics: `command` replaces the image's ENTRYPOINT, `args` alone follow it.
         entrypoint, arguments = (command[:1], command[1:]) if container.overrides_entrypoint else (None, command)

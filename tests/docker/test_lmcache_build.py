@@ -14,21 +14,17 @@ MAX_JOBS=2) and runs once per session; its measured duration is printed and writ
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
 import shutil
-import signal
-import subprocess
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 from dockerkit import load_image_script
+from sessionrun import Run, run_in_session
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 IMAGE_DIR = REPO_ROOT / "docker" / "vllm-lmcache"
@@ -49,38 +45,9 @@ MISSING_SYMBOL_CXX = "c10::cuda::c10_cuda_check_implementation(int, char const*,
 BUILD_TIMEOUT_S = 2700
 
 
-@dataclass(frozen=True)
-class Run:
-    """A finished subprocess."""
-
-    returncode: int
-    stdout: str
-    stderr: str
-
-
 def run(argv: Sequence[str | Path], timeout: float = 120, env: dict[str, str] | None = None) -> Run:
-    """Run ``argv`` from the repository root and capture its output.
-
-    In a session of its own, killed whole on a timeout: a build's pip, ninja and nvcc outlived the `bash` that
-    `subprocess.run` kills, and compiled on for the rest of a CI run on its two cores."""
-    process = subprocess.Popen(
-        [str(arg) for arg in argv],
-        cwd=REPO_ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
-    try:
-        stdout, stderr = process.communicate(timeout=timeout)
-    except BaseException:  # the timeout, pytest-timeout's, Ctrl-C: nothing of the run survives it
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
-        raise
-    return Run(process.returncode, stdout, stderr)
+    """Run ``argv`` from the repository root, in a session of its own (a build's compilers die with it)."""
+    return run_in_session(argv, timeout=timeout, cwd=REPO_ROOT, env=env)
 
 
 def error_lines(stderr: str) -> list[str]:
