@@ -3,11 +3,13 @@
 `tests/conftest.py` turns these into session fixtures. Why one of each per session: CI has 2 cores, so starting the
 daemon, importing the base image and building the mock image are paid once and shared by every test. The engine is
 private — its own data root, exec root, pidfile and unix socket in a temporary directory, no bridge, no iptables — so it
-touches nothing else on the host, and it is stopped by its PID at the end whatever the tests did. Its state lives on a
-private tmpfs when the kernel lets us mount one (we run as root in CI), with the overlay2 storage driver (overlayfs on
-tmpfs: a layer or a container costs only what it changes). Without the tmpfs it falls back to vfs on disk, which copies
-every layer and every container's root filesystem file by file (measured 10 s per 130 MB on CI's disk): with the mock
-image now ~2.5 GB (torch and the real LMCache server), that is minutes per container. No registry is reachable, so the
+touches nothing else on the host, and it is stopped by its PID at the end whatever the tests did. It runs the overlay2
+storage driver (a layer or a container costs only what it changes) on the temporary directory's own disk when that
+filesystem can be overlayfs' upper layer (ext4, xfs: CI's is ext4), else on a private tmpfs when the kernel lets us
+mount one (we run as root in CI), else vfs on disk, which copies every layer and every container's root filesystem
+file by file (measured 10 s per 130 MB on CI's disk). Disk first: the mock image is 5.5 GB with the real CPU engine,
+its build peaks at about twice that, and on tmpfs all of it would be memory the real-engine pods of the other xdist
+worker need (24 GiB in all). No registry is reachable, so the
 base image is a debootstrapped Debian bookworm (`docker import`), cached as a tarball under `.tools/` so reruns skip
 debootstrap.
 """
@@ -38,9 +40,11 @@ import docker
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TOOLS_BIN = REPO_ROOT / ".tools" / "bin"
 BASE_IMAGE = "glm53/debian-base:bookworm"
-# debootstrap's --include list: Python 3.11 plus venv (ensurepip), and tini (the images' PID 1, which their offline
-# builds cannot fetch; docker/install-tini.sh checks it is the pinned version) on top of minbase.
-BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates", "tini")
+# debootstrap's --include list: Python 3.11 plus venv (ensurepip) and its headers, tini (the images' PID 1), and
+# libnuma1 and g++ (the real CPU engine links the one and compiles its kernels with the other, against Python.h),
+# which the images' offline builds cannot fetch (docker/install-debs.sh checks they are the pinned versions), on top
+# of minbase.
+BASE_PACKAGES = ("python3", "python3-venv", "python3-dev", "ca-certificates", "tini", "libnuma1", "g++")
 BASE_TARBALL = REPO_ROOT / ".tools" / "docker" / f"debian-bookworm-minbase-{'-'.join(BASE_PACKAGES)}.tar"
 # Package caches and documentation debootstrap leaves behind; vfs copies the rootfs per layer, so every MB counts.
 BASE_PRUNE = (
@@ -52,11 +56,14 @@ BASE_PRUNE = (
     "usr/share/info",
 )
 ENGINE_START_DEADLINE_S = 60.0
+# Filesystems overlay2 runs on, as `stat --file-system --format=%T` names them (ext4 reads "ext2/ext3").
+OVERLAY_BACKING_FILESYSTEMS = frozenset({"ext2/ext3", "xfs", "btrfs"})
 ENGINE_STOP_DEADLINE_S = 30.0
-# Cap of the engine's tmpfs (a cap, not a reservation; ~3 GB are used): the base image, the mock image (2.4 GB with
-# torch and LMCache) and the router image, the builds' intermediate containers and the pods' writable layers, with
-# the headroom the playbook's free-disk preflight asks for (glm53_images_min_free_gb) on a rebuild.
-ENGINE_TMPFS_SIZE = "12g"
+# Cap of the engine's tmpfs when no disk can hold overlay2 (a cap, not a reservation; ~6 GB are used, 11 GB at the
+# build's peak): the base image, the mock image (5.5 GB with torch, vLLM's CPU engine and LMCache) and the router
+# image, the pods' writable layers and volumes, with the headroom the playbook's free-disk preflight asks for
+# (glm53_images_min_free_gb: 13 GB for mock + router) on a rebuild.
+ENGINE_TMPFS_SIZE = "20g"
 
 
 @dataclass(frozen=True)
@@ -130,6 +137,15 @@ def _tail(path: Path, lines: int = 20) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else "(no log)"
 
 
+def _overlay_capable_disk(path: Path) -> bool:
+    """Whether `path`'s filesystem can hold overlayfs' upper and work directories (overlay2's backing filesystems);
+    not an overlayfs itself (a container's root), not a tmpfs."""
+    kind = subprocess.run(
+        ["stat", "--file-system", "--format=%T", str(path)], capture_output=True, text=True, check=False
+    )
+    return kind.stdout.strip() in OVERLAY_BACKING_FILESYSTEMS
+
+
 def _mount_tmpfs(state: Path) -> bool:
     """Mount a private tmpfs on the engine's state directory; False (disk-backed, slower) when mounting is refused."""
     mount = subprocess.run(
@@ -142,16 +158,18 @@ def _mount_tmpfs(state: Path) -> bool:
 
 @contextlib.contextmanager
 def private_engine() -> Iterator[DockerEngine]:
-    """Start `dockerd` (overlay2 on tmpfs, else vfs; no bridge or iptables) on its own socket; stop it by PID."""
+    """Start `dockerd` (overlay2 on disk, else on tmpfs, else vfs; no bridge or iptables) on its own socket; stop it
+    by PID."""
     dockerd = require_tool("dockerd", "30-docker-engine.sh")
     # Short path: the engine's managed containerd puts unix sockets under the exec root (108-byte path limit).
     state = Path(tempfile.mkdtemp(prefix="glm53-dockerd-"))
-    in_memory = _mount_tmpfs(state)
+    on_disk = _overlay_capable_disk(state)
+    in_memory = not on_disk and _mount_tmpfs(state)
     log_path = state / "dockerd.log"
     base_url = f"unix://{state / 'docker.sock'}"
     command = [
         dockerd,
-        f"--storage-driver={'overlay2' if in_memory else 'vfs'}",
+        f"--storage-driver={'overlay2' if on_disk or in_memory else 'vfs'}",
         "--iptables=false",
         "--ip6tables=false",
         "--bridge=none",
@@ -165,7 +183,7 @@ def private_engine() -> Iterator[DockerEngine]:
     try:
         started = time.monotonic()
         client = _wait_for_engine(process, base_url, log_path)
-        storage = "tmpfs" if in_memory else "disk"
+        storage = "overlay2 on disk" if on_disk else "overlay2 on tmpfs" if in_memory else "vfs on disk"
         print(
             f"\ndocker engine: ready in {time.monotonic() - started:.1f}s at {base_url} (pid {process.pid}, {storage})"
         )

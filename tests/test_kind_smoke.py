@@ -171,6 +171,15 @@ def test_dry_run_glm53_installs_the_tp8_profile_under_its_own_release(capsys: py
     assert steps[-1] == KIND_DELETE
 
 
+def test_dry_run_real_engine_installs_the_tiny_profile_with_the_images_vllm(capsys: pytest.CaptureFixture[str]) -> None:
+    steps = commands(dry_run(capsys, "--engine", "vllm"))
+    (install,) = [step for step in steps if step.startswith("helm install ")]
+    assert install.startswith("helm install glm53-tiny-dense charts/glm53 --set mock.enabled=true")
+    assert "--set profile=tiny-dense --set mock.engine=vllm" in install
+    assert "glm53 validate --base-url http://127.0.0.1:18000 --profile tiny-dense" in steps
+    assert any("(expected for tiny-dense: group_tokens_per_block=[64] at TP 1)" in line for line in steps)
+
+
 def test_dry_run_reuse_keeps_the_cluster_and_uninstalls_only_the_release(capsys: pytest.CaptureFixture[str]) -> None:
     lines = dry_run(capsys, "--reuse", "--name", "dev")
     steps = commands(lines)
@@ -714,12 +723,14 @@ def test_artifacts_of_an_empty_namespace_still_say_so() -> None:
 # ------------------------------------------------------------------------------------------ the plan meets the chart
 
 
-@pytest.mark.parametrize("profile", ["glm53-flash", "glm53"])
-def test_the_install_command_renders_the_pod_the_smoke_test_waits_for(profile: str) -> None:
+@pytest.mark.parametrize(
+    ("profile", "engine"), [("glm53-flash", "standin"), ("glm53", "standin"), ("tiny-dense", "vllm")]
+)
+def test_the_install_command_renders_the_pod_the_smoke_test_waits_for(profile: str, engine: str) -> None:
     # `helm template` with the very arguments of the planned `helm install` (minus the cluster-only flags), at the
     # pinned node image's Kubernetes version: the chart must accept them and render what the later steps rely on.
     helm = _tool("helm", "20-helm.sh")
-    options = ks.SmokeOptions(profile=get_profile(profile))
+    options = ks.SmokeOptions(profile=get_profile(profile), engine=engine)
     install = list(ks.helm_install_argv(options))
     assert install[:2] == ["helm", "install"]
     cluster_only = {"--create-namespace", "--kube-context", options.context}
@@ -743,11 +754,16 @@ def test_the_install_command_renders_the_pod_the_smoke_test_waits_for(profile: s
     assert selector.items() <= template["metadata"]["labels"].items()
     serving_pod = {"spec": template["spec"]}
     assert ks.is_serving_pod(serving_pod)
-    assert [name for name, _ in ks.containers_of(serving_pod)] == [ks.SIDECAR_CONTAINER, ks.ENGINE_CONTAINER]
-    (sidecar,) = template["spec"]["initContainers"]
-    assert sidecar["restartPolicy"] == "Always"
-    for container in [sidecar, *template["spec"]["containers"]]:
+    makes_the_model = ["tiny-model"] if engine == "vllm" else []  # the real engine's init container
+    expected_containers = [*makes_the_model, ks.SIDECAR_CONTAINER, ks.ENGINE_CONTAINER]
+    assert [name for name, _ in ks.containers_of(serving_pod)] == expected_containers
+    (sidecar,) = [c for c in template["spec"]["initContainers"] if c.get("restartPolicy") == "Always"]
+    assert sidecar["name"] == ks.SIDECAR_CONTAINER
+    for container in [*template["spec"]["initContainers"], *template["spec"]["containers"]]:
         assert (container["image"], container["imagePullPolicy"]) == (options.mock_image, "Never")
+    (engine_container,) = [c for c in template["spec"]["containers"] if c["name"] == ks.ENGINE_CONTAINER]
+    served = " ".join(engine_container["args"] if engine == "vllm" else engine_container["command"])
+    assert ("vllm.entrypoints.openai.api_server" in served) == (engine == "vllm"), served
     (test_pod,) = [pod for pod in by_kind["Pod"] if pod["metadata"]["annotations"]["helm.sh/hook"] == "test"]
     assert not ks.is_serving_pod(test_pod)
     assert f"--profile {profile}" in " ".join(test_pod["spec"]["containers"][0]["args"])

@@ -72,9 +72,10 @@ MIN_NODE_KUBERNETES: Version = (1, 29, 0)
 # kubectl is supported within one minor version of the API server.
 KUBECTL_SKEW = 1
 
-# The CPU mock image the chart runs with `mock.enabled=true` (the engine stand-in, and the real LMCache 0.5.6 server as
-# the sidecar: ~2.5 GB with torch, so `kind load` takes a while), built from docker/mock/ by ansible/build-images.yml,
-# which tags it with the toolkit version (and the git revision); the chart's image tag defaults to the same version.
+# The CPU mock image the chart runs with `mock.enabled=true` (the engine stand-in and the real vLLM CPU engine, and the
+# real LMCache 0.5.6 server as the sidecar: 5.5 GB, so `kind load` takes a while), built from docker/mock/ by
+# ansible/build-images.yml, which tags it with the toolkit version (and the git revision); the chart's image tag
+# defaults to the same version.
 MOCK_IMAGE_REPOSITORY = "glm53/mock"
 MOCK_IMAGE_TAG = __version__
 # Defaults of the options (the command line shows them in --help).
@@ -90,6 +91,8 @@ SIDECAR_CONTAINER = "lmcache"
 ENGINE_CONTAINER = "vllm"
 # Repository paths the run needs (relative to the repository root, where the shell entry point runs it).
 CHART_DIR = "charts/glm53"
+# The chart's name (charts/glm53/Chart.yaml), which `glm53.fullname` looks for in the release name.
+CHART_NAME = "glm53"
 BUILD_PLAYBOOK = "ansible/build-images.yml"
 # Labels the chart puts on the serving pod (selector labels: instance = release, component = engine).
 INSTANCE_LABEL = "app.kubernetes.io/instance"
@@ -247,6 +250,8 @@ class SmokeOptions:
     """Everything a run depends on; the plan is a function of these alone."""
 
     profile: ModelProfile
+    # The chart's mock.engine: `standin`, or `vllm`, the mock image's real CPU engine on the profile's tiny model.
+    engine: str = "standin"
     cluster: str = DEFAULT_CLUSTER
     namespace: str = DEFAULT_NAMESPACE
     reuse: bool = False
@@ -258,8 +263,11 @@ class SmokeOptions:
 
     @property
     def release(self) -> str:
-        """The Helm release is named after the profile, as in the quickstart (`glm53-flash`, `glm53`)."""
-        return self.profile.name
+        """The Helm release is named after the profile, as in the quickstart (`glm53-flash`, `glm53`); a tiny
+        profile's release carries the chart's name in front (`glm53-tiny-dense`), because the chart's full name, and
+        so its Service, is the release name only when that contains the chart name (`glm53.fullname`)."""
+        name = self.profile.name
+        return name if CHART_NAME in name else f"{CHART_NAME}-{name}"
 
     @property
     def context(self) -> str:
@@ -425,6 +433,8 @@ def helm_install_argv(options: SmokeOptions) -> tuple[str, ...]:
     argv += ["--set", "validation.enabled=true"]
     if options.profile.name != DEFAULT_PROFILE:
         argv += ["--set", f"profile={options.profile.name}"]
+    if options.engine != "standin":
+        argv += ["--set", f"mock.engine={options.engine}"]
     # The image was side-loaded into the node, never pushed: `Never` turns a failed load into ErrImageNeverPull at once.
     argv += ["--set", f"mock.image.repository={MOCK_IMAGE_REPOSITORY}", "--set", f"mock.image.tag={MOCK_IMAGE_TAG}"]
     argv += ["--set", "mock.image.pullPolicy=Never"]

