@@ -23,6 +23,8 @@ from xdist.scheduler import LoadScopeScheduling
 
 # The staging tests load `stagekit` as a plugin (its fixtures); its asserts are rewritten like a test module's.
 pytest.register_assert_rewrite("stagekit")
+# Every run ends with the budget report (tests/budget.py): where its wall time went.
+pytest_plugins = ["budget"]
 
 # The test files that use the session's Docker engine (the fixtures below), run on one worker.
 ON_THE_SESSIONS_ENGINE = frozenset({"tests/docker/test_mock_image.py", "tests/docker/test_container_pod.py"})

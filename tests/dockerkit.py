@@ -10,8 +10,8 @@ mount one (we run as root in CI), else vfs on disk, which copies every layer and
 file by file (measured 10 s per 130 MB on CI's disk). Disk first: the mock image is 5.5 GB with the real CPU engine,
 its build peaks at about twice that, and on tmpfs all of it would be memory the real-engine pods of the other xdist
 worker need (24 GiB in all). No registry is reachable, so the
-base image is a debootstrapped Debian bookworm (`docker import`), cached as a tarball under `.tools/` so reruns skip
-debootstrap.
+base image is a debootstrapped Debian bookworm (`docker import`), cached as a tarball outside the clone
+(`$GLM53_CACHE_DIR`, default ~/.cache/glm53, named by its package list) so later runs and fresh clones skip debootstrap.
 """
 
 from __future__ import annotations
@@ -45,7 +45,11 @@ BASE_IMAGE = "glm53/debian-base:bookworm"
 # which the images' offline builds cannot fetch (docker/install-debs.sh checks they are the pinned versions), on top
 # of minbase.
 BASE_PACKAGES = ("python3", "python3-venv", "python3-dev", "ca-certificates", "tini", "libnuma1", "g++")
-BASE_TARBALL = REPO_ROOT / ".tools" / "docker" / f"debian-bookworm-minbase-{'-'.join(BASE_PACKAGES)}.tar"
+# The cache of scripts/setup.d/lib/cache.sh, which the setup scripts keep their tool environments in.
+CACHE_DIR = Path(
+    os.environ.get("GLM53_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "glm53"
+)
+BASE_TARBALL = CACHE_DIR / "docker" / f"debian-bookworm-minbase-{'-'.join(BASE_PACKAGES)}.tar"
 # Package caches and documentation debootstrap leaves behind; vfs copies the rootfs per layer, so every MB counts.
 BASE_PRUNE = (
     "var/cache/apt",

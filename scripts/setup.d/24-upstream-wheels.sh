@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # Download the released upstream wheels, without their dependencies, into .tools/upstream/: vllm 0.33.0 (~336 MB),
 # lmcache 0.5.6 and vllm-router 0.1.17. The log-fixture generator (tests/fixtures/generate_logs.py) only reads their
-# source; 25-upstream-parsers.sh installs the vllm wheel for the conformance tests. Idempotent: a wheel already there
-# is not downloaded again.
+# source; 25-upstream-parsers.sh installs the vllm wheel for the conformance tests. The wheels are kept in the cache of
+# lib/cache.sh (.tools/upstream links there; a wheel's file name carries its version): one already there is not
+# downloaded again.
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-dest="$repo_root/.tools/upstream"
+# shellcheck source=scripts/setup.d/lib/cache.sh
+source "$repo_root/scripts/setup.d/lib/cache.sh"
+dest="$(glm53_cache_dir)/upstream-wheels"
 pip="$repo_root/.venv/bin/pip"
-mkdir -p "$dest"
+mkdir -p "$dest" "$repo_root/.tools"
+rm -rf "$repo_root/.tools/upstream"
+ln -sfn "$dest" "$repo_root/.tools/upstream"
 
 for pin in vllm==0.33.0 lmcache==0.5.6 vllm-router==0.1.17; do
     name="${pin%%==*}"

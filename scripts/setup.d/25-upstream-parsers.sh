@@ -7,12 +7,13 @@
 # tests/chart/upstream-parsers-requirements.txt, all installed with --no-deps so the set is exactly what is listed.
 # LMCache 0.5.6's parser is imported from the project's .venv, which already has the package.
 # Cost on a 2-core machine: about 1.9 GB on disk, about 60 s from local wheels (the vllm wheel is 336 MB, torch CPU
-# about 190 MB). Idempotent: a stamp records the inputs it was built from.
+# about 190 MB), once per set of inputs (the cache of lib/cache.sh; .tools/upstream-parsers-venv links to it).
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+# shellcheck source=scripts/setup.d/lib/cache.sh
+source "$repo_root/scripts/setup.d/lib/cache.sh"
 python="${PYTHON:-python3.11}"
-venv="$repo_root/.tools/upstream-parsers-venv"
 requirements="$repo_root/tests/chart/upstream-parsers-requirements.txt"
 torch_pin="torch==2.13.0+cpu"
 torch_index="${GLM53_TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
@@ -23,26 +24,26 @@ if [ "${#wheels[@]}" -ne 1 ]; then
     echo "25-upstream-parsers.sh: no vllm-0.33.0 wheel in .tools/upstream; run scripts/setup.d/24-upstream-wheels.sh first" >&2
     exit 1
 fi
-# The stamp names everything the venv is built from, so changing a pin rebuilds it.
-inputs="$(sha256sum <"$requirements")$torch_pin$(basename "${wheels[0]}")"
-stamp="$venv/.glm53-parsers-$(printf '%s' "$inputs" | sha256sum | cut -c1-16)"
 
-if [ ! -f "$stamp" ]; then
+build_parsers_venv() {
     if ! command -v "$python" >/dev/null 2>&1; then
         echo "25-upstream-parsers.sh: $python not found; install Python 3.11 or set PYTHON=/path/to/python3.11" >&2
         exit 1
     fi
-    rm -rf "$venv"
-    "$python" -m venv "$venv"
-    pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
+    "$python" -m venv "$1"
+    local pip=("$1/bin/python" -m pip install --quiet --disable-pip-version-check)
     "${pip[@]}" "pip==25.3"
     # The CPU build: from local wheels (find-links) when present, else from PyTorch's CPU index.
     "${pip[@]}" --no-deps --no-index "$torch_pin" 2>/dev/null \
         || "${pip[@]}" --no-deps --index-url "$torch_index" "$torch_pin"
     "${pip[@]}" --no-deps "${wheels[0]}"
     "${pip[@]}" --no-deps -r "$requirements"
-    VLLM_TARGET_DEVICE=cpu "$venv/bin/python" -c "import vllm.entrypoints.cli.serve" \
-        || { echo "25-upstream-parsers.sh: vLLM's parser does not import in $venv; see the error above" >&2; exit 1; }
-    touch "$stamp"
-fi
+    VLLM_TARGET_DEVICE=cpu "$1/bin/python" -c "import vllm.entrypoints.cli.serve" \
+        || { echo "25-upstream-parsers.sh: vLLM's parser does not import in $1; see the error above" >&2; exit 1; }
+}
+
+# The key names everything the venv is built from, so changing a pin builds a new one.
+inputs="$(sha256sum <"$requirements")$torch_pin$(basename "${wheels[0]}")"
+cached_venv upstream-parsers "$inputs" build_parsers_venv "$repo_root/.tools/upstream-parsers-venv"
+venv="$CACHED_VENV"
 echo "25-upstream-parsers.sh: vLLM 0.33.0's parser importable with $venv/bin/python"

@@ -1,24 +1,27 @@
 #!/usr/bin/env bash
 # Install Ansible (with its bundled collections: community.docker, kubernetes.core) and ansible-lint into their own
-# venv, .tools/ansible-venv, so their many dependencies never clash with the toolkit's pins in .venv.
+# venv, .tools/ansible-venv (a link into the cache of lib/cache.sh), so their many dependencies never clash with the
+# toolkit's pins in .venv.
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-venv="$repo_root/.tools/ansible-venv"
+# shellcheck source=scripts/setup.d/lib/cache.sh
+source "$repo_root/scripts/setup.d/lib/cache.sh"
 python="${PYTHON:-python3.11}"
 # ansible 12.x is the newest line that supports Python 3.11; it bundles ansible-core 2.19.
 pins=("ansible==12.3.0" "ansible-core==2.19.14" "ansible-lint==26.10.1")
-stamp="$venv/.glm53-pins"
 
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "${pins[*]}" ]; then
-    if [ ! -x "$venv/bin/python" ]; then
-        "$python" -m venv "$venv"
-    fi
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "pip==25.3"
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${pins[@]}"
-    printf '%s' "${pins[*]}" >"$stamp"
-fi
+build_ansible_venv() {
+    "$python" -m venv "$1"
+    "$1/bin/python" -m pip install --quiet --disable-pip-version-check "pip==25.3"
+    "$1/bin/python" -m pip install --quiet --disable-pip-version-check "${pins[@]}"
+}
+
+cached_venv ansible "${pins[*]} pip==25.3" build_ansible_venv "$repo_root/.tools/ansible-venv"
+venv="$CACHED_VENV"
 mkdir -p "$repo_root/.tools/bin"
 for tool in ansible ansible-playbook ansible-galaxy ansible-doc ansible-lint; do
     ln -sfn "$venv/bin/$tool" "$repo_root/.tools/bin/$tool"
 done
+"$repo_root/.tools/bin/ansible-playbook" --version >/dev/null \
+    || { echo "31-ansible.sh: ansible-playbook in $venv does not run; delete $venv and re-run" >&2; exit 1; }

@@ -5,13 +5,15 @@
 #   - nvcc from the CUDA 13.0 toolkit (torch 2.14's default CUDA build is cu130; not installable with apt here),
 #   - .tools/lmcache-build-venv: Python 3.11 + the target torch + LMCache's pinned build dependencies,
 #   - .tools/lmcache-dist: the LMCache sdist (what we build) and the published wheel (what the test shows broken).
-# Idempotent: every step checks first, and a stamp file skips the pip work once everything is in place.
+# Both live in the cache of lib/cache.sh (the venv keyed by its pins), which .tools/ links to. Idempotent: every step
+# checks first. scripts/lmcache_wheel.py builds (and caches) the wheel itself.
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+# shellcheck source=scripts/setup.d/lib/cache.sh
+source "$repo_root/scripts/setup.d/lib/cache.sh"
 tools="$repo_root/.tools"
-venv="$tools/lmcache-build-venv"
-dist="$tools/lmcache-dist"
+dist="$(glm53_cache_dir)/lmcache-dist"
 python="${PYTHON:-python3.11}"
 cuda_home="${CUDA_HOME:-/usr/local/cuda}"
 build_requirements="$repo_root/docker/vllm-lmcache/build-requirements.txt"
@@ -47,20 +49,17 @@ check_nvcc() {
     [ "$release" = "$cuda_major_minor" ] || fail "expected nvcc $cuda_major_minor at $nvcc but found release '${release:-unknown}'; point CUDA_HOME at a CUDA $cuda_major_minor toolkit."
 }
 
-ensure_venv() {
-    local stamp="$venv/.glm53-lmcache-build-$torch_version"
-    if [ -f "$stamp" ] && [ "$stamp" -nt "$build_requirements" ]; then
-        return
-    fi
+build_venv() {
     command -v "$python" >/dev/null 2>&1 || fail "$python not found; install Python 3.11 or set PYTHON=/path/to/python3.11."
-    [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "pip==25.3"
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "torch==$torch_version" -r "$build_requirements"
-    touch "$stamp"
+    "$python" -m venv "$1"
+    "$1/bin/python" -m pip install --quiet --disable-pip-version-check "pip==25.3"
+    "$1/bin/python" -m pip install --quiet --disable-pip-version-check "torch==$torch_version" -r "$build_requirements"
 }
 
 ensure_dist() {
     mkdir -p "$dist"
+    rm -rf "$tools/lmcache-dist"
+    ln -sfn "$dist" "$tools/lmcache-dist"
     if ! compgen -G "$dist/lmcache-$lmcache_version.tar.gz" >/dev/null; then
         # A plain `pip download --no-binary :all:` prepares the sdist's metadata in an isolated env that needs
         # torch==2.13.0; without isolation (build deps + torch already in the venv) pip only runs egg_info.
@@ -75,5 +74,8 @@ ensure_dist() {
 
 ensure_gcc12
 check_nvcc
-ensure_venv
+mkdir -p "$tools"
+cached_venv lmcache-build "torch==$torch_version pip==25.3 $(sha256sum <"$build_requirements")" build_venv \
+    "$tools/lmcache-build-venv"
+venv="$CACHED_VENV"
 ensure_dist

@@ -1,0 +1,77 @@
+"""The suite's budget report: where a run's wall time went, printed at the end of every pytest run.
+
+Why: CI's time is the project's bottleneck (a 90-minute hard limit, a 30-minute target), and a figure nobody prints is
+a figure nobody watches. `scripts/test.sh` times its own phases (set-up, lint) and hands them over in
+`GLM53_BUDGET_PHASES` (`setup=312 lint=95`); this plugin adds pytest's own wall time and the slowest test phases
+(a fixture's set-up is charged to the set-up phase of the first test that asks for it, as pytest's `--durations` does).
+Under pytest-xdist the controller receives every worker's reports, so one report covers both workers.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import pytest
+
+SLOWEST = 20
+PHASES_VARIABLE = "GLM53_BUDGET_PHASES"
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One timed phase of one test: its set-up (fixtures included), call or teardown."""
+
+    seconds: float
+    when: str
+    nodeid: str
+
+
+def parse_phases(text: str) -> list[tuple[str, float]]:
+    """`setup=312 lint=95` as [("setup", 312.0), ("lint", 95.0)]; a malformed entry is a one-line error."""
+    phases = []
+    for entry in text.split():
+        name, sep, value = entry.partition("=")
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = -1.0
+        if not sep or not name or seconds < 0:
+            raise pytest.UsageError(f"expected {PHASES_VARIABLE} entries like 'setup=312' but got {entry!r}")
+        phases.append((name, seconds))
+    return phases
+
+
+def report_lines(phases: list[tuple[str, float]], pytest_s: float, timed: list[Phase]) -> list[str]:
+    """The report's lines: one line of phase totals, then the slowest test phases, slowest first."""
+    totals = [*phases, ("pytest", pytest_s)]
+    summary = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in totals)
+    lines = [f"budget: {summary}; {sum(s for _, s in totals):.0f} s in all"]
+    slowest = sorted(timed, key=lambda phase: phase.seconds, reverse=True)[:SLOWEST]
+    lines.append(f"budget: the {len(slowest)} slowest test phases (a fixture counts in its first user's setup):")
+    lines += [f"{phase.seconds:8.1f} s  {phase.when:<8} {phase.nodeid}" for phase in slowest]
+    return lines
+
+
+class BudgetReport:
+    """Collects every test phase's duration and prints the report after the run."""
+
+    def __init__(self, phases: list[tuple[str, float]]) -> None:
+        self.phases = phases
+        self.started = time.monotonic()
+        self.timed: list[Phase] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.timed.append(Phase(report.duration, report.when, report.nodeid))
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        terminalreporter.section("budget")
+        for line in report_lines(self.phases, time.monotonic() - self.started, self.timed):
+            terminalreporter.write_line(line)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Only the controller reports: an xdist worker (it has `workerinput`) would print its half.
+    if not hasattr(config, "workerinput"):
+        config.pluginmanager.register(BudgetReport(parse_phases(os.environ.get(PHASES_VARIABLE, ""))), "glm53-budget")
