@@ -307,19 +307,60 @@ def families(exposition: str) -> dict[str, Family]:
     return found
 
 
+def committed_chunks(lmcache: str, salt: str) -> float:
+    """The chunks the LMCache server has committed to L1 under `salt` (its own counter, counted after the commit:
+    lmcache 0.5.6 lmcache/v1/distributed/l1_manager.py `finish_write` -> lmcache_mp.l1_write, labelled by salt)."""
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(scrape(lmcache))
+        for sample in family.samples
+        if sample.name == "lmcache_mp_l1_write_chunks_total" and sample.labels.get("cache_salt") == salt
+    )
+
+
+def wait_for_commit(lmcache: str, step: Step, cold: Answer) -> None:
+    """Before a primed prompt is sent again: wait until the server committed every whole chunk the cold request stored.
+
+    The server answers a STORE before its chunks are readable (lmcache 0.5.6 modules/lmcache_driven_transfer.py:802-812
+    queues `finish_write_by_owner`; on CPU a 5 ms poller drains it, v1/multiprocess/native_completion.py:62-67), and
+    a lookup in between misses ("Staging objects are never readable", v1/distributed/l1_manager.py:313-315). On a
+    loaded machine that gap is long enough for the next request to arrive inside it.
+    """
+    salt = str((step.body or {})["cache_salt"])
+    chunks = usage_of(cold)["prompt_tokens"] // PROFILE.recommended_chunk_size
+    deadline = time.monotonic() + SETTLE_DEADLINE_S
+    while (committed := committed_chunks(lmcache, salt)) < chunks:
+        assert time.monotonic() < deadline, f"{salt}: {committed:.0f} of {chunks} chunks committed after the store"
+        time.sleep(0.05)
+
+
+# The connector's heartbeat ping waits at most one interval (lmcache 0.5.6 vllm_multi_process_adapter.py:583-585); a
+# late answer puts the scheduler's adapter in degraded mode, which sends no lookups and answers 0 (:884-885, :989-991).
+DEGRADED = "LMCache server is unhealthy — entering degraded mode"
+
+
 def observe(engine: str, workdir: Path) -> Observed:
     """Start the tiny-dense pod with `engine`, send SEQUENCE, keep what came back, stop the pod."""
     answers: dict[str, Answer] = {}
     with started_pod(render_plans(PodOptions(PROFILE, engine=engine)), workdir, quiet) as pod:
-        base = PodAddresses.of(pod.plan).vllm
+        addresses = PodAddresses.of(pod.plan)
+        base = addresses.vllm
         start = previous = counters(scrape(base))
         for step in SEQUENCE:
+            if step.name.endswith(" again"):
+                wait_for_commit(addresses.lmcache, step, answers[step.name.replace(" again", " cold")])
             status, content_type, raw = call(base, step)
             body = decoded(content_type, raw) if content_type in {"application/json", "text/event-stream"} else raw
             previous = settled(base, previous, step.completes and status == 200)
             answers[step.name] = Answer(status, content_type, raw, body, previous)
         exposition = scrape(base)
     log = (workdir / "logs" / "vllm.log").read_text(errors="replace")
+    # Every lookup after a missed heartbeat is a miss by design: say so, instead of a diff of cached_tokens.
+    degraded = [line for line in log.splitlines() if DEGRADED in line]
+    assert not degraded, (
+        f"{engine}: the connector went degraded during the sequence (a ping over its interval on a starved machine), "
+        f"so its lookups answered 0: {degraded[0]}"
+    )
     return Observed(engine, start, answers, exposition, log)
 
 
