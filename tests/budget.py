@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import pytest
 
 SLOWEST = 20
+COSTLIEST_FILES = 8
 PHASES_VARIABLE = "GLM53_BUDGET_PHASES"
 
 
@@ -26,6 +27,11 @@ class Phase:
     seconds: float
     when: str
     nodeid: str
+    worker: str  # the xdist worker that ran it (`gw0`), or `main` without workers
+
+    @property
+    def file(self) -> str:
+        return self.nodeid.split("::", 1)[0]
 
 
 def parse_phases(text: str) -> list[tuple[str, float]]:
@@ -44,15 +50,26 @@ def parse_phases(text: str) -> list[tuple[str, float]]:
 
 
 def report_lines(phases: list[tuple[str, float]], pytest_s: float, timed: list[Phase]) -> list[str]:
-    """The report's lines: the slowest test phases, slowest last, then one line of phase totals.
+    """The report's lines: the costliest test files, the slowest test phases, each worker's busy time, then the totals.
 
-    Slowest last and totals at the very end, because a CI log is read from its tail: the lines a truncated view keeps.
+    Costliest last and totals at the very end, because a CI log is read from its tail: the lines a truncated view keeps.
+    A worker's busy time beside pytest's wall time shows how well the files were spread over the workers.
     """
+    by_file: dict[str, float] = {}
+    by_worker: dict[str, float] = {}
+    for phase in timed:
+        by_file[phase.file] = by_file.get(phase.file, 0.0) + phase.seconds
+        by_worker[phase.worker] = by_worker.get(phase.worker, 0.0) + phase.seconds
+    files = sorted(by_file.items(), key=lambda item: item[1])[-COSTLIEST_FILES:]
+    lines = [f"budget: the {len(files)} costliest test files (all their phases):"]
+    lines += [f"{seconds:8.1f} s  {file}" for file, seconds in files]
+    slowest = sorted(timed, key=lambda phase: phase.seconds)[-SLOWEST:]
+    lines.append(f"budget: the {len(slowest)} slowest test phases (a fixture counts in its first user's setup):")
+    lines += [f"{phase.seconds:8.1f} s  {phase.when:<8} {phase.nodeid}" for phase in slowest]
+    busy = ", ".join(f"{worker} {seconds:.0f} s" for worker, seconds in sorted(by_worker.items()))
+    lines.append(f"budget: busy per worker: {busy or 'none'}")
     totals = [*phases, ("pytest", pytest_s)]
     summary = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in totals)
-    slowest = sorted(timed, key=lambda phase: phase.seconds)[-SLOWEST:]
-    lines = [f"budget: the {len(slowest)} slowest test phases (a fixture counts in its first user's setup):"]
-    lines += [f"{phase.seconds:8.1f} s  {phase.when:<8} {phase.nodeid}" for phase in slowest]
     lines.append(f"budget: {summary}; {sum(s for _, s in totals):.0f} s in all")
     return lines
 
@@ -66,7 +83,10 @@ class BudgetReport:
         self.timed: list[Phase] = []
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        self.timed.append(Phase(report.duration, report.when, report.nodeid))
+        # Under xdist the controller receives the report with its worker attached (xdist/dsession.py:328).
+        node = getattr(report, "node", None)
+        worker = node.gateway.id if node is not None else "main"
+        self.timed.append(Phase(report.duration, report.when, report.nodeid, worker))
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         """After pytest's own last line (the short summary and the counts), so that the report ends the log."""
