@@ -130,9 +130,10 @@ def merged(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any
     return result
 
 
-# Startup-probe attempts, a second apart: the stand-in loads in 2 s; the real CPU engine's start-up (torch.compile
-# warm-up on 2 cores) took 46-150 s alone, and more than 300 s in CI beside the LMCache source build, so it gets 15
-# minutes (the startup probe only bounds a hung start; a healthy one is Ready as soon as its lines are logged).
+# Startup-probe attempts, a second apart: the stand-in loads in 2 s; the real CPU engine's start-up (three processes
+# importing vLLM, no torch.compile at -O0) took 77 s alone on 2 cores, and more than 300 s in CI beside the LMCache
+# source build when it still compiled, so it gets 15 minutes (the startup probe only bounds a hung start; a healthy one
+# is Ready as soon as its lines are logged).
 STARTUP_ATTEMPTS = {"standin": 30, "vllm": 900}
 # Seconds per validation request: a cold 8507-token prefill of the tiny hybrid on 2 CPU cores took 24 s here.
 VALIDATE_TIMEOUT = {"standin": 60, "vllm": 300}
