@@ -309,9 +309,9 @@ def scrape(container: Container, port: int | str) -> str:
 # chart's init container makes in the pod.
 # Its `helm test` pod runs the protocol's every check at the smallest sizes `glm53 validate` accepts (the chart's
 # validation.extraArgs): the seed's 72 paired 256-token continuations on the real CPU engine ran past 900 s on a loaded
-# 2-core machine. The full protocol on the real engine is the main job's (tests/test_real_engine_pod.py). Each request
-# gets the main job's bound for the real engine: a cold 8507-token prefill in the container's 2 CPUs took over the
-# default 60 s with the main job and the tiny hybrid running beside it.
+# 2-core machine. The main-job test checks the real engine with 6 pairs of 256 tokens (tests/test_real_engine_pod.py);
+# each request gets the main job's bound for the real engine: a cold 8507-token prefill in the container's 2 CPUs took
+# over the default 60 s with the main job and the tiny hybrid running beside it.
 REAL_ENGINE_VALUES = {
     "mock": {"enabled": True, "engine": "vllm"},
     "profile": "tiny-dense",
