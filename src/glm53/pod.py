@@ -273,8 +273,9 @@ def started_pod(plans: PodPlans, workdir: Path, say: Callable[[str], None]) -> I
         yield pod
 
 
-def validation_config(test_pod: PodPlan, engine_port: int) -> ValidationConfig:
-    """The `helm test` pod's `glm53 validate` command, parsed by its own parser, aimed at the pod, not the Service."""
+def validation_config(test_pod: PodPlan, engine_port: int, exporter_port: int | None) -> ValidationConfig:
+    """The `helm test` pod's `glm53 validate` command, parsed by its own parser, aimed at the pod, not the Service:
+    the engine's port, and the exporter's for LMCache's commits (None: validate without waiting for them)."""
     from glm53.commands.validate import build_parser, config_from_args
 
     argv = test_pod.containers[0].argv
@@ -283,7 +284,12 @@ def validation_config(test_pod: PodPlan, engine_port: int) -> ValidationConfig:
     except SystemExit:
         raise Glm53Error(f"the chart's test pod command does not parse: {list(argv)}", EXIT_FAILURE) from None
     config = config_from_args(args)
-    return replace(config, base_url=service_url_on_loopback(config.base_url, engine_port))
+    metrics = config.lmcache_metrics
+    return replace(
+        config,
+        base_url=service_url_on_loopback(config.base_url, engine_port),
+        lmcache_metrics=service_url_on_loopback(metrics, exporter_port) if metrics and exporter_port else None,
+    )
 
 
 def say_to(stream: TextIO) -> Callable[[str], None]:
@@ -350,7 +356,8 @@ def run_pod(plans: PodPlans, workdir: Path, say: Callable[[str], None], progress
         raise Glm53Error("the rendered chart has no `helm test` pod to validate with; render with validation on")
     with started_pod(plans, workdir, say) as pod:
         urls = PodAddresses.of(pod.plan)
-        config = validation_config(plans.test, pod.plan.container(ENGINE).port("http"))
+        exporter = pod.plan.container(EXPORTER).port("metrics") if urls.exporter else None
+        config = validation_config(plans.test, pod.plan.container(ENGINE).port("http"), exporter)
         say(f"pod: vLLM ready at {urls.vllm}; validating ({', '.join(config.checks)})")
         try:
             report = run_validation(config, progress)

@@ -489,6 +489,22 @@ def test_dev_mode_admits_the_api_port_from_the_test_pod_not_the_whole_namespace(
     assert get(pod, "spec.containers[0].args")[:2] == ["--base-url", "http://10.0.0.11:8000"]
 
 
+def test_with_the_exporter_validation_waits_for_lmcache_commits_on_the_pod_it_validates() -> None:
+    """`--lmcache-metrics` names the exporter of the pod the requests reach, and the policy lets the test pod in."""
+    validation = {"validation": {"enabled": True}, "exporter": {"enabled": True}}
+    objs = render(validation)
+    args = get(one(objs, "Pod"), "spec.containers[0].args")
+    assert args[args.index("--lmcache-metrics") + 1] == f"http://{RELEASE}:9400/metrics"
+    metrics_rule = next(
+        r for r in get(engine(objs, "NetworkPolicy"), "spec.ingress") if r["ports"][0]["port"] == "metrics"
+    )
+    assert get(metrics_rule, "from[0].podSelector.matchLabels.app\\.kubernetes\\.io/component") == "validation"
+    one_pod = {**validation, "validation": {"enabled": True, "baseUrl": "http://10.0.0.11:8000"}, "replicaCount": 2}
+    args = get(one(render(one_pod), "Pod"), "spec.containers[0].args")
+    assert args[args.index("--lmcache-metrics") + 1] == "http://10.0.0.11:9400/metrics"
+    assert "--lmcache-metrics" not in get(one(scenario("validation"), "Pod"), "spec.containers[0].args")
+
+
 def test_alerts_link_the_runbook_by_absolute_url() -> None:
     rule = one(scenario("monitoring"), "PrometheusRule")
     urls = [r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]

@@ -60,6 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--plot", type=Path, help="also draw log-prob and TTFT distributions to this PNG")
     parser.add_argument("--model", help="served model name (default: the first one /v1/models lists)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per HTTP request")
+    parser.add_argument(
+        "--lmcache-metrics",
+        help="LMCache's Prometheus page (the server's, or the pod exporter's /metrics, which passes LMCache's counters "
+        "through); after each prime, validation waits there until the server committed the prompt, so a reload "
+        "never races the store",
+    )
     return parser
 
 
@@ -85,6 +91,7 @@ def config_from_args(args: argparse.Namespace) -> ValidationConfig:
         prompt=prompt_from_file(args.prompt_file) if args.prompt_file else document_qa_prompt(),
         model=args.model,
         timeout=args.timeout,
+        lmcache_metrics=args.lmcache_metrics,
     )
 
 

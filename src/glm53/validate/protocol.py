@@ -24,6 +24,7 @@ from typing import TypeVar
 from glm53.chunks import loaded_tokens
 from glm53.errors import EXIT_USAGE, Glm53Error
 from glm53.validate.client import Completion, VllmClient
+from glm53.validate.commits import COMMIT_DEADLINE_S, CommitWatch
 from glm53.validate.metrics import EXTERNAL_HITS, delta, require
 from glm53.validate.progress import Progress
 from glm53.validate.prompts import QaPrompt, boundary_lengths, token_id_prompt
@@ -52,16 +53,22 @@ PERF_SHAPE = Shape(max_tokens=16, stream=True)
 
 @dataclass(frozen=True)
 class Target:
-    """The server under test, the model to ask, where progress goes, and a nonce that keeps this run's salts apart."""
+    """The server under test, the model to ask, where progress goes, a nonce that keeps this run's salts apart, and
+    where to see LMCache commit a prime (None: nowhere, so a reload may race the store; see `glm53.validate.commits`).
+    """
 
     client: VllmClient
     model: str
     progress: Progress
     nonce: str
+    commits: CommitWatch | None = None
 
     @classmethod
-    def connect(cls, client: VllmClient, model: str | None, progress: Progress) -> Target:
-        """Check up front what every check needs: reachable, the model served, the hit counter, dev mode on."""
+    def connect(
+        cls, client: VllmClient, model: str | None, progress: Progress, commits: CommitWatch | None = None
+    ) -> Target:
+        """Check up front what every check needs: reachable, the model served, the hit counter, dev mode on, and
+        LMCache's metrics page when one is given."""
         served = client.model_ids()
         if model is None:
             if not served:
@@ -70,8 +77,11 @@ class Target:
         elif model not in served:
             raise Glm53Error(f"vLLM serves {served}, not {model!r}; pass one of those with --model", EXIT_USAGE)
         require(client.metrics(), EXTERNAL_HITS, client.metrics_source)
+        nonce = uuid.uuid4().hex[:12]
+        if commits is not None:
+            commits.committed(nonce)
         client.reset_prefix_cache(reset_external=False)
-        return cls(client, model, progress, uuid.uuid4().hex[:12])
+        return cls(client, model, progress, nonce, commits)
 
     def salt(self, *parts: object) -> str:
         return "-".join(["glm53-validate", self.nonce, *map(str, parts)])
@@ -96,8 +106,26 @@ class Target:
         return self.measured(prompt, salt, shape)
 
     def prime(self, prompt: str | list[int], salt: str) -> None:
-        """One request that stores the prompt's whole chunks in LMCache."""
-        self.client.complete(self.model, prompt, max_tokens=1, cache_salt=salt)
+        """One request that stores the prompt's whole chunks in LMCache, and, with a commit watch, the wait until the
+        server can serve them (vLLM answers before that)."""
+        completion = self.client.complete(self.model, prompt, max_tokens=1, cache_salt=salt)
+        if self.commits is None:
+            return
+        tokens = completion.prompt_tokens or (len(prompt) if isinstance(prompt, list) else 0)
+        chunks = tokens // self.commits.chunk_size
+        if chunks == 0:
+            return
+        waited = self.commits.wait(salt, tokens)
+        if waited is None:
+            committed = min(self.commits.committed(salt))
+            self.progress.step(
+                f"LMCache committed {committed:.0f} of the {chunks} chunks stored under {salt} within "
+                f"{COMMIT_DEADLINE_S:g} s: the store was dropped"
+            )
+        else:
+            self.progress.step(
+                f"LMCache committed the {chunks} chunks stored under {salt} {waited:.2f} s after vLLM answered"
+            )
 
 
 # ---------------------------------------------------------------------------------------------------- equivalence

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from glm53.errors import Glm53Error
 from glm53.profiles import ModelProfile
 from glm53.validate.client import VllmClient
+from glm53.validate.commits import CommitWatch
 from glm53.validate.continuations import DEFAULT_PAIRS, DEFAULT_TOKENS, TEMPLATES, check_continuations
 from glm53.validate.mixed import check_mixed
 from glm53.validate.progress import Progress
@@ -43,6 +44,8 @@ class ValidationConfig:
     # The served model to ask; None means the first one /v1/models lists.
     model: str | None = None
     timeout: float = DEFAULT_TIMEOUT
+    # LMCache's metrics page (the server's or the pod exporter's): after each prime, wait there for the commit.
+    lmcache_metrics: str | None = None
 
     def __post_init__(self) -> None:
         """Refuse, in one line, settings that make validation meaningless or hang (NaN and infinity included)."""
@@ -71,7 +74,12 @@ def run_validation(config: ValidationConfig, progress: Progress) -> ValidationRe
     start = time.perf_counter()
     client = VllmClient(config.base_url, config.timeout)
     progress.step(f"validate: connecting to {client.base_url}")
-    target = Target.connect(client, config.model, progress)
+    commits = (
+        CommitWatch(config.lmcache_metrics, config.effective_chunk_size, config.timeout)
+        if config.lmcache_metrics
+        else None
+    )
+    target = Target.connect(client, config.model, progress, commits)
     # A model that cannot answer (the tiny CPU test models' random weights) has its answers left unjudged.
     prompt = config.prompt if config.profile.answers_questions else replace(config.prompt, answer=None)
     try:
