@@ -42,6 +42,12 @@ def geometry_lines(log: str) -> list[str]:
     return [line for line in log.splitlines() if GEOMETRY in line]
 
 
+def every_prime_committed(stderr: str) -> None:
+    """Validation waited, after each prime, for the real server's commit (glm53/validate/commits.py), and each came."""
+    assert re.search(r"LMCache committed the \d+ chunks stored under \S+ [\d.]+ s after vLLM answered", stderr)
+    assert "the store was dropped" not in stderr
+
+
 def no_kv_segments_left(workdir: Path) -> None:
     """The runner removes the /dev/shm segments the stopped engine's worker left (their pid appears in the log)."""
     pids = set(re.findall(r"\(Worker pid=(\d+)\)", engine_log(workdir)))
@@ -73,6 +79,7 @@ def test_real_dense_engine_pod_passes_with_hits_counted_by_vllm(tmp_path: Path) 
     # The exporter reads the sidecar's own /status: the serving engine registered, the link not degraded.
     assert "glm53_sidecar_registered_engines 1.0" in out and "glm53_sidecar_link_degraded 0.0" in out, out
     assert "pod: PASS" in out
+    every_prime_committed(result.stderr)
     no_kv_segments_left(tmp_path)
 
 
@@ -98,4 +105,5 @@ def test_real_hybrid_engine_pod_hits_8064_and_fails_validation_naming_the_diverg
     assert re.search(r"continuations: \d of 3 continuations reloaded from LMCache differ from their cold control", out)
     assert "mixed [FAIL]" in out
     assert "pod: FAIL" in out
+    every_prime_committed(result.stderr)
     no_kv_segments_left(tmp_path)
