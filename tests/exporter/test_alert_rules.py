@@ -7,9 +7,12 @@ Helm's engine in-process), not from `files/glm53-alerts.yaml`: the chart rewrite
 
 The healthy pod is the pair of `/metrics` pages captured from the real CPU pod (`fixtures/healthy-pod-*.prom`, made by
 `real_pod.py`), each sample held constant, labelled as Prometheus labels what it scrapes through the chart's
-ServiceMonitor. A fault changes series of that pod the way the exporter reports it (a gauge flips, a counter grows, the
-exporter's series go stale), never invents a series, so every name a case uses is one the real pod serves. Timing is
-the chart's: samples at the ServiceMonitor's interval, rules evaluated at the Prometheus Operator's default interval.
+ServiceMonitor, plus the one series Prometheus itself writes for each target it scrapes that an alert reads: `up`,
+from the target's labels, 1 while the target answers. A fault changes series of that pod the way the exporter and
+Prometheus report it (a gauge flips, a counter grows, the exporter's series go stale and its target's `up` turns 0),
+never invents a series, so every name a case uses is one the real pod serves or Prometheus writes for its targets; a
+rollout's new pod serves the same pages under its own pod name and address. Timing is the chart's: samples at the
+ServiceMonitor's interval, rules evaluated at the Prometheus Operator's default interval.
 """
 
 from __future__ import annotations
@@ -42,6 +45,12 @@ EVALUATION_INTERVAL = "30s"
 # A pod of the chart's Deployment (<deployment>-<pod-template-hash>-<suffix>) and its IP: the values Kubernetes picks.
 POD_SUFFIX = "-6c9f7b5d8-q4x2z"
 POD_IP = "10.42.0.17"
+# The pod a rollout replaces it with: a new pod-template-hash, another suffix and IP.
+NEW_POD_SUFFIX = "-7d5c8f6b4-m8k3w"
+NEW_POD_IP = "10.42.0.23"
+# The series Prometheus writes for every target it scrapes (value 1 when the scrape succeeded, 0 when it failed) that
+# the alerts read; it is on no page.
+UP = "up"
 # When a fault starts and how long a healthy pod is watched, in minutes.
 FAULT_AT = 5.0
 HEALTHY_FOR = 30.0
@@ -137,6 +146,13 @@ class Series:
         """Whether a change of series `name` (None: any name) with these labels applies to this series."""
         return name in (None, self.name) and labels.items() <= dict(self.labels).items()
 
+    def moved(self, pod: str, ip: str) -> Series:
+        """This series as another pod serves it: the `pod` label and the address in `instance` are that pod's."""
+        labels = dict(self.labels)
+        labels["pod"] = pod
+        labels["instance"] = f"{ip}:{labels['instance'].rpartition(':')[2]}"
+        return Series(self.name, tuple(sorted(labels.items())))
+
 
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
@@ -159,10 +175,14 @@ def scraped(page: str, target: Mapping[str, str]) -> dict[Series, float]:
 
 
 def healthy_pod(targets: Mapping[str, Mapping[str, str]]) -> dict[Series, float]:
-    """Both captured pages as Prometheus holds them after scraping the healthy pod."""
+    """Both captured pages as Prometheus holds them after scraping the healthy pod, and each target's `up` (1: its
+    scrape succeeded), which Prometheus writes with the target's labels and nothing else."""
     pod: dict[Series, float] = {}
     for container, page in PAGES.items():
-        pod.update(scraped(page.read_text(encoding="utf-8"), targets[container]))
+        samples = scraped(page.read_text(encoding="utf-8"), targets[container])
+        assert UP not in {series.name for series in samples}, f"the {container} page serves {UP} itself"
+        pod.update(samples)
+        pod[Series(UP, tuple(sorted(targets[container].items())))] = 1.0
     return pod
 
 
@@ -212,6 +232,11 @@ class Timeline:
         """Held until the fault, then a staleness marker: the scrape failed and Prometheus dropped the series."""
         return f"{_number(value)}+0x{self.scrapes(self.fault_min) - 1} stale"
 
+    def arrives(self, value: float) -> str:
+        """No sample until the fault, then held: a target that appeared at the fault."""
+        before = self.scrapes(self.fault_min)
+        return f"_x{before} {_number(value)}+0x{self.scrapes(self.end_min) - before}"
+
 
 # How a faulty series evolves, from its healthy value.
 Values = Callable[[Timeline, float], str]
@@ -248,7 +273,8 @@ def serving(after: float) -> Values:
 
 @dataclass(frozen=True)
 class Change:
-    """The healthy pod's series `name` (None: every name) with `labels`, each of them made to evolve as `values`."""
+    """The healthy pod's series `name` (None: every name) with `labels`, each of them made to evolve as `values` (a
+    later change of a scenario that picks the same series wins)."""
 
     name: str | None
     values: Values
@@ -261,12 +287,14 @@ def change(name: str | None, values: Values, **labels: str) -> Change:
 
 @dataclass(frozen=True)
 class Scenario:
-    """The healthy pod, with `changes` from `fault_min` on, watched until `check_min` (minutes)."""
+    """The healthy pod, with `changes` from `fault_min` on, watched until `check_min` (minutes); `rollout`: from the
+    fault on, a new pod (NEW_POD_SUFFIX at NEW_POD_IP) serves the same pages, healthy."""
 
     name: str
     changes: tuple[Change, ...]
     check_min: float
     fault_min: float = FAULT_AT
+    rollout: bool = False
 
 
 @dataclass(frozen=True)
@@ -289,6 +317,11 @@ BY_POD = ("namespace", "pod")
 # The hit-ratio alert compares the last 15 minutes with the 6 hours before them: traffic runs that long first.
 BASELINE_MIN = 6 * 60 + 30
 HEALTHY = Scenario("healthy-pod", (), check_min=HEALTHY_FOR, fault_min=HEALTHY_FOR)
+# A failed scrape of the exporter: its target's `up` turns 0 and the series of its page go stale.
+EXPORTER_DOWN = (change(None, Timeline.stale, container=EXPORTER), change(UP, becomes(0.0), container=EXPORTER))
+# A rollout: the old pod's targets leave service discovery, so Prometheus marks every series of theirs stale, `up`
+# included, and a new pod serves the same pages.
+ROLLOUT = Scenario("a-rollout-replaces-the-pod", (change(None, Timeline.stale),), HEALTHY_FOR, rollout=True)
 # Steady traffic at the captured pod's own hit ratio, for as long as the collapse scenario: the ratio never moves.
 STEADY_TRAFFIC = Scenario(
     "steady-traffic-at-the-captured-hit-ratio",
@@ -402,7 +435,15 @@ FAULTS = (
     ),
     Fault(
         "Glm53ExporterScrapeFailing",
-        Scenario("the-exporter-stops-answering", (change(None, Timeline.stale, container=EXPORTER),), FAULT_AT + 7),
+        Scenario("the-exporter-stops-answering", EXPORTER_DOWN, FAULT_AT + 7),
+        "warning",
+        f"Scrapes of the glm53 exporter on {POD} fail or take over 5 seconds",
+        labels={},
+    ),
+    Fault(
+        "Glm53ExporterScrapeFailing",
+        # Well past any lookback over the exporter's own series: the outage still pages.
+        Scenario("the-exporter-stays-down-for-40-minutes", EXPORTER_DOWN, FAULT_AT + 40),
         "warning",
         f"Scrapes of the glm53 exporter on {POD} fail or take over 5 seconds",
         labels={},
@@ -444,6 +485,9 @@ def input_series(pod: Mapping[Series, float], scenario: Scenario, scrape_s: int)
         )
         for series in picked:
             values[series] = step.values(timeline, pod[series])
+    if scenario.rollout:
+        new_pod = chart.RELEASE + NEW_POD_SUFFIX
+        values.update({series.moved(new_pod, NEW_POD_IP): timeline.arrives(value) for series, value in pod.items()})
     return [{"series": series.notation(), "values": values[series]} for series in sorted(values)]
 
 
@@ -569,6 +613,15 @@ def test_no_alert_fires_on_the_healthy_pod(
     """Every alert, in one promtool run (its report names the alert that fired)."""
     checks = [Check(alert, HEALTHY.check_min) for alert in monitoring.rules()]
     run_promtool(promtool_group(HEALTHY, checks, pod, monitoring.scrape_interval), monitoring.groups, tmp_path)
+
+
+def test_no_alert_fires_through_a_rollout(
+    monitoring: RenderedMonitoring, pod: dict[Series, float], tmp_path: Path
+) -> None:
+    """The old pod's series end and a healthy new pod takes over: every alert silent at every minute, for both pods."""
+    minutes = range(int(ROLLOUT.fault_min), int(ROLLOUT.check_min) + 1)
+    checks = [Check(alert, minute) for minute in minutes for alert in monitoring.rules()]
+    run_promtool(promtool_group(ROLLOUT, checks, pod, monitoring.scrape_interval), monitoring.groups, tmp_path)
 
 
 def test_the_hit_ratio_alert_stays_silent_under_steady_traffic(

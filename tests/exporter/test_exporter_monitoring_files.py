@@ -1,6 +1,7 @@
 """The alert rules and the Grafana dashboard: valid YAML/JSON, PromQL that a real parser accepts, and only metric names
 that really exist: those the exporter serves (its own, and the LMCache families it passes through from a page the real
-`lmcache server` produced) and those vLLM 0.33 serves (the vLLM stand-in's registry, held to vLLM's real names)."""
+`lmcache server` produced) and those vLLM 0.33 serves (the vLLM stand-in's registry, held to vLLM's real names), and in
+the alerts Prometheus's own `up` for the exporter's scrape target."""
 
 from __future__ import annotations
 
@@ -28,6 +29,11 @@ RUNBOOK = REPO / "docs/runbook.md"
 YAMLLINT_CONFIG = "{extends: default, rules: {line-length: {max: 120}, document-start: disable}}"
 # Grafana fills these in before a query reaches Prometheus; any valid duration stands in for the parser.
 GRAFANA_DURATIONS = {"$__rate_interval": "5m", "$__interval": "1m", "$__range": "1h"}
+# The one series no page serves that an alert may read: Prometheus writes `up` for each target it scrapes (0 while the
+# scrape fails), the only way to see the exporter itself down, since its own series then simply stop. Only for the
+# exporter's target, as the Prometheus Operator labels the ServiceMonitor's `metrics` endpoint (its port's container).
+PROMETHEUS_UP = "up"
+EXPORTER_TARGET = {"endpoint": "metrics", "container": "exporter"}
 
 
 def _sample_names(page: str) -> set[str]:
@@ -69,6 +75,19 @@ def _metric_names(expr: str) -> set[str]:
         if isinstance(node, promql_parser.VectorSelector):
             assert node.name, f"selector without a metric name in {expr!r}"
             found.add(node.name)
+
+    promql_parser.walk(promql_parser.parse(expr), visit)
+    return found
+
+
+def _equality_matchers(expr: str, name: str) -> list[dict[str, str]]:
+    """The `label="value"` matchers of each selector of `name` in the expression."""
+    found: list[dict[str, str]] = []
+
+    def visit(node: promql_parser.Expr) -> None:
+        if isinstance(node, promql_parser.VectorSelector) and node.name == name:
+            matchers = node.matchers.matchers
+            found.append({m.name: m.value for m in matchers if m.op == promql_parser.MatchOp.Equal})
 
     promql_parser.walk(promql_parser.parse(expr), visit)
     return found
@@ -116,7 +135,12 @@ def test_alert_expressions_parse_and_use_only_real_metrics(known_metrics: set[st
     for rule in _alert_rules():
         names = _metric_names(rule["expr"])
         assert names, rule["alert"]
-        assert names <= known_metrics, f"{rule['alert']} uses unknown metrics {sorted(names - known_metrics)}"
+        unknown = names - known_metrics - {PROMETHEUS_UP}
+        assert not unknown, f"{rule['alert']} uses unknown metrics {sorted(unknown)}"
+        for matchers in _equality_matchers(rule["expr"], PROMETHEUS_UP):
+            assert EXPORTER_TARGET.items() <= matchers.items(), (
+                f"{rule['alert']} reads {PROMETHEUS_UP} beyond the exporter's target {EXPORTER_TARGET}: {matchers}"
+            )
 
 
 def test_dashboard_queries_parse_and_use_only_real_metrics(known_metrics: set[str]) -> None:
