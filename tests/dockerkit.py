@@ -2,21 +2,31 @@
 
 `tests/conftest.py` turns these into session fixtures. Why one of each per session: CI has 2 cores, so starting the
 daemon, importing the base image and building the mock image are paid once and shared by every test. The engine is
-private — its own data root, exec root, pidfile and unix socket in a temporary directory, no bridge, no iptables — so it
-touches nothing else on the host, and it is stopped by its PID at the end whatever the tests did. It runs the overlay2
-storage driver (a layer or a container costs only what it changes) on the temporary directory's own disk when that
-filesystem can be overlayfs' upper layer (ext4, xfs: CI's is ext4), else on a private tmpfs when the kernel lets us
-mount one (we run as root in CI), else vfs on disk, which copies every layer and every container's root filesystem
-file by file (measured 10 s per 130 MB on CI's disk). Disk first: the mock image is 5.5 GB with the real CPU engine,
-its build peaks at about twice that, and on tmpfs all of it would be memory the real-engine pods of the other xdist
-worker need (24 GiB in all). No registry is reachable, so the
-base image is a debootstrapped Debian bookworm (`docker import`), cached as a tarball outside the clone
-(`$GLM53_CACHE_DIR`, default ~/.cache/glm53, named by its package list) so later runs and fresh clones skip debootstrap.
+private — its own data root, and its exec root, pidfile and unix socket in a temporary directory, no bridge, no
+iptables — so it touches nothing else on the host, and it is stopped by its PID at the end whatever the tests did. It
+runs the overlay2 storage driver (a layer or a container costs only what it changes) on disk when the filesystem can be
+overlayfs' upper layer (ext4, xfs: CI's is ext4), else on a private tmpfs when the kernel lets us mount one (we run as
+root in CI), else vfs on disk, which copies every layer and every container's root filesystem file by file (measured
+10 s per 130 MB on CI's disk). Disk first: the mock image is 5.5 GB with the real CPU engine, its build peaks at about
+twice that, and on tmpfs all of it would be memory the real-engine pods of the other xdist worker need (24 GiB in all).
+
+The data root persists across sessions when it can (overlay2 on disk): under `$GLM53_CACHE_DIR` (default ~/.cache/glm53,
+outside the clone), one per daemon version and storage driver, so a later session, from this clone or a fresh one, finds
+the previous build's layers in Docker's own cache: the playbook's builds of the mock and router images take 7-20 s
+(measured; a new commit reinstalls only the toolkit's wheel) instead of 420-550 s (CI, cold), and the rest of the
+playbook (the host's `pip wheel` runs, the smoke commands inside the images) about 90 s. Still verified on every run:
+the playbook builds the images through Docker as always, a cache hit only where Docker's cache key (the instruction, its
+parent, the files copied) is unchanged, and the tests check the image that comes out. Each session prunes what the build
+does not need (see `_prune`), so the data root stays the size of one build however many commits pass. No registry is
+reachable, so the base image is a debootstrapped Debian bookworm (`docker import`), cached as a tarball beside it (named
+by its package list) so later runs and fresh clones skip debootstrap.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import importlib.util
 import json
 import os
@@ -28,12 +38,14 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import IO, Any
 
 import pytest
 from docker.errors import DockerException, ImageNotFound
+from docker.models.images import Image
 
 import docker
 
@@ -49,7 +61,9 @@ BASE_PACKAGES = ("python3", "python3-venv", "python3-dev", "ca-certificates", "t
 CACHE_DIR = Path(
     os.environ.get("GLM53_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "glm53"
 )
-BASE_TARBALL = CACHE_DIR / "docker" / f"debian-bookworm-minbase-{'-'.join(BASE_PACKAGES)}.tar"
+# The engine's persistent data roots and the base image's tarball.
+DOCKER_CACHE = CACHE_DIR / "docker"
+BASE_TARBALL = DOCKER_CACHE / f"debian-bookworm-minbase-{'-'.join(BASE_PACKAGES)}.tar"
 # Package caches and documentation debootstrap leaves behind; vfs copies the rootfs per layer, so every MB counts.
 BASE_PRUNE = (
     "var/cache/apt",
@@ -68,6 +82,9 @@ ENGINE_STOP_DEADLINE_S = 30.0
 # image, the pods' writable layers and volumes, with the headroom the playbook's free-disk preflight asks for
 # (glm53_images_min_free_gb: 13 GB for mock + router) on a rebuild.
 ENGINE_TMPFS_SIZE = "20g"
+# BuildKit's build cache kept by the start-up prune, where a docker CLI drives BuildKit (the legacy builder's cache is
+# the images themselves, pruned by tag): room for the mock and router builds (11 GB at the mock build's peak).
+ENGINE_BUILD_CACHE_KEEP_BYTES = 16 * 1024**3
 
 
 @dataclass(frozen=True)
@@ -160,47 +177,162 @@ def _mount_tmpfs(state: Path) -> bool:
     return mount.returncode == 0
 
 
+@dataclass(frozen=True)
+class DataRoot:
+    """Where the engine keeps its images and containers, on which storage driver, and what the ready line says of it.
+
+    `lock_fds` are passed on to dockerd, so the lock on a persistent data root lasts as long as the daemon using it,
+    even one that outlives a killed session."""
+
+    path: Path
+    driver: str
+    storage: str
+    origin: str
+    lock_fds: tuple[int, ...] = ()
+
+
+def _engine_key(dockerd: str, driver: str) -> str:
+    """The name of a persistent data root: the storage driver and a hash of the daemon's version string.
+
+    Why both: another dockerd release may migrate or misread the layout (image and layer metadata, its containerd's
+    state) and cannot be trusted with another's data root, and a data root of one storage driver holds nothing another
+    can use. One data root per pair keeps an upgraded daemon off the old one (which then simply goes unused)."""
+    version = subprocess.run([dockerd, "--version"], capture_output=True, text=True, check=True).stdout.strip()
+    return f"{driver}-{hashlib.sha256(version.encode()).hexdigest()[:12]}"
+
+
+def _try_flock(handle: IO[str]) -> bool:
+    """An exclusive flock on `handle`, without waiting: False when another process (a session, its dockerd) holds it."""
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
 @contextlib.contextmanager
-def private_engine() -> Iterator[DockerEngine]:
-    """Start `dockerd` (overlay2 on disk, else on tmpfs, else vfs; no bridge or iptables) on its own socket; stop it
-    by PID."""
-    dockerd = require_tool("dockerd", "30-docker-engine.sh")
-    # Short path: the engine's managed containerd puts unix sockets under the exec root (108-byte path limit).
-    state = Path(tempfile.mkdtemp(prefix="glm53-dockerd-"))
+def _temporary_data_root(state: Path, reason: str) -> Iterator[DataRoot]:
+    """A data root in the session's temporary directory, gone with it: overlay2 on its disk, else on a private tmpfs,
+    else vfs on disk (see the module's docstring)."""
     on_disk = _overlay_capable_disk(state)
     in_memory = not on_disk and _mount_tmpfs(state)
-    log_path = state / "dockerd.log"
-    base_url = f"unix://{state / 'docker.sock'}"
+    storage = "overlay2 on disk" if on_disk else "overlay2 on tmpfs" if in_memory else "vfs on disk"
+    try:
+        yield DataRoot(
+            path=state / "data",
+            driver="overlay2" if on_disk or in_memory else "vfs",
+            storage=storage,
+            origin=f"temporary data root: {reason}",
+        )
+    finally:
+        if in_memory:
+            # Lazy: a container mount left by a killed daemon must not keep the tmpfs (and its memory) attached.
+            subprocess.run(["umount", "--lazy", str(state)], check=False)
+
+
+@contextlib.contextmanager
+def _data_root(dockerd: str, state: Path) -> Iterator[DataRoot]:
+    """The persistent data root, `DOCKER_CACHE/engine-<key>`, when its disk can hold overlay2 and no one else uses it;
+    else a temporary one, as every session had before.
+
+    Only overlay2 on disk persists: a tmpfs dies with the session, and a vfs data root would keep a full copy of the
+    file tree per layer. The lock file beside the data root makes a second session on this machine (another clone's
+    CI run) fall back to a temporary data root instead of starting a second daemon on the same files."""
+    DOCKER_CACHE.mkdir(parents=True, exist_ok=True)
+    if not _overlay_capable_disk(DOCKER_CACHE):
+        with _temporary_data_root(state, f"{DOCKER_CACHE} is on no filesystem overlay2 can use") as root:
+            yield root
+        return
+    path = DOCKER_CACHE / f"engine-{_engine_key(dockerd, 'overlay2')}"
+    lock = path.parent / f"{path.name}.lock"
+    with lock.open("a") as handle:
+        if _try_flock(handle):
+            origin = "reused" if (path / "image").is_dir() else "new"
+            yield DataRoot(
+                path=path,
+                driver="overlay2",
+                storage="overlay2 on disk",
+                origin=f"data root {origin}: {path}",
+                lock_fds=(handle.fileno(),),
+            )
+            return
+    with _temporary_data_root(state, f"{lock} is held by another session") as root:
+        yield root
+
+
+def _start_dockerd(dockerd: str, root: DataRoot, state: Path, base_url: str, log_path: Path) -> subprocess.Popen[bytes]:
+    """dockerd on `root`, with its exec root, pidfile and socket in `state` (short: the managed containerd's unix
+    sockets go under the exec root, and a socket path has a 108-byte limit)."""
     command = [
         dockerd,
-        f"--storage-driver={'overlay2' if on_disk or in_memory else 'vfs'}",
+        f"--storage-driver={root.driver}",
         "--iptables=false",
         "--ip6tables=false",
         "--bridge=none",
-        f"--data-root={state / 'data'}",
+        f"--data-root={root.path}",
         f"--exec-root={state / 'exec'}",
         f"--pidfile={state / 'dockerd.pid'}",
         f"--host={base_url}",
     ]
     with log_path.open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
+        return subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, pass_fds=root.lock_fds
+        )
+
+
+def _superseded_tags(images: list[Image]) -> list[str]:
+    """Every tag on an image that is not the newest (by creation) of the tag's repository."""
+    newest: dict[str, tuple[datetime, str]] = {}
+    for image in images:
+        created = datetime.fromisoformat(image.attrs["Created"])
+        for tag in image.tags:
+            repository = tag.rpartition(":")[0]
+            if repository not in newest or newest[repository][0] < created:
+                newest[repository] = (created, image.id or "")
+    return [tag for image in images for tag in image.tags if newest[tag.rpartition(":")[0]][1] != image.id]
+
+
+def _prune(client: docker.DockerClient) -> None:
+    """Remove what the session's builds do not need, so a persistent data root stays the size of one build.
+
+    Stopped containers and unused volumes (a killed session leaves them, and they pin their images); then every tag but
+    those of each repository's newest image, and the dangling images that leaves. Why by repository: a new commit's
+    build moves the version tag to its image, but the revision tag (`-g<commit>`) keeps the previous image, whose
+    layers would pile up commit after commit (5.5 GB each when the lock changes). Removing it takes its layers and the
+    legacy builder's intermediate images with it, except those a newer image still stands on, and the newest images
+    stay: they are the layer cache the next build hits. Last, BuildKit's build cache beyond its bound."""
+    client.containers.prune()
+    client.volumes.prune()
+    for tag in _superseded_tags(client.images.list()):
+        client.images.remove(tag)
+    client.images.prune(filters={"dangling": True})
+    client.api.prune_builds(keep_storage=ENGINE_BUILD_CACHE_KEEP_BYTES)
+
+
+@contextlib.contextmanager
+def private_engine() -> Iterator[DockerEngine]:
+    """Start `dockerd` (overlay2 on disk, else on tmpfs, else vfs; no bridge or iptables) on its own socket, prune its
+    data root; stop it by PID."""
+    dockerd = require_tool("dockerd", "30-docker-engine.sh")
+    state = Path(tempfile.mkdtemp(prefix="glm53-dockerd-"))
+    with contextlib.ExitStack() as cleanup:
+        cleanup.callback(shutil.rmtree, state, ignore_errors=True)
+        root = cleanup.enter_context(_data_root(dockerd, state))
+        log_path = state / "dockerd.log"
+        base_url = f"unix://{state / 'docker.sock'}"
+        process = _start_dockerd(dockerd, root, state, base_url, log_path)
+        cleanup.callback(_stop, process)
         started = time.monotonic()
         client = _wait_for_engine(process, base_url, log_path)
-        storage = "overlay2 on disk" if on_disk else "overlay2 on tmpfs" if in_memory else "vfs on disk"
+        cleanup.callback(client.close)
+        ready_s = time.monotonic() - started
+        _prune(client)
+        layers_gb = client.df()["LayersSize"] / 1e9
         print(
-            f"\ndocker engine: ready in {time.monotonic() - started:.1f}s at {base_url} (pid {process.pid}, {storage})"
+            f"\ndocker engine: ready in {ready_s:.1f}s at {base_url} (pid {process.pid}, {root.storage}, "
+            f"{root.origin}, {layers_gb:.1f} GB of image layers after pruning)"
         )
-        try:
-            yield DockerEngine(base_url=base_url, client=client, pid=process.pid, log_path=log_path)
-        finally:
-            client.close()
-    finally:
-        _stop(process)
-        if in_memory:
-            # Lazy: a container mount left by a killed daemon must not keep the tmpfs (and its memory) attached.
-            subprocess.run(["umount", "--lazy", str(state)], check=False)
-        shutil.rmtree(state, ignore_errors=True)
+        yield DockerEngine(base_url=base_url, client=client, pid=process.pid, log_path=log_path)
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
@@ -267,18 +399,43 @@ def _read_json_callback(returncode: int, stdout: str) -> PlaybookRun:
     return PlaybookRun(returncode=returncode, stats=stats, failures=tuple(failures), task_results=task_results)
 
 
+def _image_layers(engine: DockerEngine, name: str) -> list[str]:
+    """The diff IDs of image `name`'s layers (the sha256 of each uncompressed layer tar); empty when it is missing."""
+    try:
+        return list(engine.client.images.get(name).attrs["RootFS"]["Layers"])
+    except ImageNotFound:
+        return []
+
+
+def _tar_digest(path: Path) -> str:
+    """The diff ID a `docker import` of the uncompressed tarball `path` gives its one layer."""
+    with path.open("rb") as tarball:
+        return f"sha256:{hashlib.file_digest(tarball, 'sha256').hexdigest()}"
+
+
 def import_base_image(engine: DockerEngine) -> str:
-    """`glm53/debian-base:bookworm` in the engine, imported from the cached debootstrap tarball (made when missing)."""
+    """`glm53/debian-base:bookworm` in the engine, imported from the cached debootstrap tarball (made when missing)
+    unless the engine's image already has exactly that tarball as its one layer.
+
+    Why not import every time: an import stamps the image with the time of import, so each one is a new image ID and
+    every image built FROM it misses Docker's layer cache. A persistent data root keeps the last import; its layer's
+    diff ID, checked against the tarball's digest on every run, proves it is the same file tree."""
     started = time.monotonic()
     if not BASE_TARBALL.exists():
         _build_base_tarball()
-    repository, tag = BASE_IMAGE.split(":")
-    engine.client.api.import_image(src=str(BASE_TARBALL), repository=repository, tag=tag)
-    try:
-        engine.client.images.get(BASE_IMAGE)
-    except ImageNotFound:
-        pytest.fail(f"docker import of {BASE_TARBALL} did not produce {BASE_IMAGE}; delete the tarball and rerun")
-    print(f"\nbase image: {BASE_IMAGE} ready in {time.monotonic() - started:.1f}s")
+    layers = [_tar_digest(BASE_TARBALL)]
+    imported = _image_layers(engine, BASE_IMAGE) != layers
+    if imported:
+        repository, tag = BASE_IMAGE.split(":")
+        engine.client.api.import_image(src=str(BASE_TARBALL), repository=repository, tag=tag)
+    found = _image_layers(engine, BASE_IMAGE)
+    if found != layers:
+        pytest.fail(
+            f"docker import of {BASE_TARBALL} gave {BASE_IMAGE} the layers {found}, expected {layers}; "
+            "delete the tarball and rerun"
+        )
+    how = "imported" if imported else "already in the engine"
+    print(f"\nbase image: {BASE_IMAGE} {how}, ready in {time.monotonic() - started:.1f}s")
     return BASE_IMAGE
 
 

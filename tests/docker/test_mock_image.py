@@ -36,6 +36,8 @@ pytestmark = pytest.mark.timeout(2400)
 TOOLKIT_VERSION: str = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
 DOCKERFILES = {name: REPO_ROOT / "docker" / name / "Dockerfile" for name in ("mock", "router")}
 ENTRYPOINTS = {"mock": ["/usr/bin/tini", "--", "glm53", "supervise"], "router": ["/usr/bin/tini", "--", "vllm-router"]}
+# The build arguments the Ansible role gives a new value with every commit (the labels' revision and date).
+PER_COMMIT_ARGS = ("VCS_REVISION", "BUILD_DATE")
 
 
 def _image_ids(engine: DockerEngine) -> set[str]:
@@ -57,6 +59,31 @@ def test_default_base_image_is_pinned_by_digest(image: str) -> None:
     (default,) = re.findall(r"^ARG BASE_IMAGE=(\S+)$", DOCKERFILES[image].read_text(), flags=re.MULTILINE)
 
     assert re.fullmatch(r"docker\.io/library/python:3\.11[.0-9]*-slim-bookworm@sha256:[0-9a-f]{64}", default), default
+
+
+def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
+    """Each instruction's keyword and arguments, continuation lines joined, comments left out."""
+    lines = re.sub(r"\\\n", " ", text).splitlines()
+    return [
+        (keyword.upper(), arguments)
+        for keyword, _, arguments in (line.strip().partition(" ") for line in lines)
+        if keyword and not keyword.startswith("#")
+    ]
+
+
+@pytest.mark.parametrize("image", sorted(DOCKERFILES))
+def test_per_commit_build_args_are_declared_after_the_last_run(image: str) -> None:
+    """Docker's layer cache misses at every RUN after the declaration of an ARG whose value changed (a RUN sees the
+    ARGs as environment variables), so declared before a RUN, a new commit would run it again: the mock image's
+    install of torch, vLLM's CPU engine and LMCache, minutes on CI, instead of a cache hit."""
+    instructions = dockerfile_instructions(DOCKERFILES[image].read_text())
+    last_run = max(index for index, (keyword, _) in enumerate(instructions) if keyword == "RUN")
+    declared = {
+        arguments.split("=")[0]: index for index, (keyword, arguments) in enumerate(instructions) if keyword == "ARG"
+    }
+
+    early = [name for name in PER_COMMIT_ARGS if declared[name] < last_run]
+    assert not early, f"{image}'s Dockerfile declares {', '.join(early)} before its last RUN; declare them after it"
 
 
 @pytest.mark.docker
