@@ -20,7 +20,6 @@ import pytest
 from dockerkit import DockerEngine, MockImageBuild, build_mock_image, import_base_image, private_engine
 from xdist.remote import Producer
 from xdist.scheduler import LoadScopeScheduling
-from xdist.workermanage import WorkerController
 
 # The staging tests load `stagekit` as a plugin (its fixtures); its asserts are rewritten like a test module's.
 pytest.register_assert_rewrite("stagekit")
@@ -30,24 +29,14 @@ pytest_plugins = ["budget"]
 # The test files that use the session's Docker engine (the fixtures below), run on one worker.
 ON_THE_SESSIONS_ENGINE = frozenset({"tests/docker/test_mock_image.py", "tests/docker/test_container_pod.py"})
 
-# The costliest scopes, costliest first, as the budget report measured them (warm CI dry run, 2026-12-03: the
-# real-engine main jobs 908 s, the Docker engine's files 933 s before its data root was kept between runs, the fault
-# suite 208 s, the fleet 144 s, the staged real pod 137 s, the conformance test 112 s). xdist orders scopes by their
-# number of tests, which started these few-test files last: the real tiny-hybrid pod ran alone for the run's last ten
-# minutes. (This order once put the dense main job beside the mock image build, where a reload raced LMCache's commit
-# of its prime; `glm53 validate` now waits for the commit, glm53/validate/commits.py.)
-COSTLIEST_FIRST = (
-    "tests/test_real_engine_pod.py",
-    "docker-engine",
-    "tests/test_faults_real_engine.py",
-    "tests/test_fleet.py",
-    "tests/staging/test_staged_real_engine_pod.py",
-    "tests/test_standin_conformance.py",
-)
 
-
+# xdist's own order (scopes with the most tests first) is kept on purpose. Measured in warm CI dry runs on 2 cores
+# (2026-12-03): with it, pytest took 1994 s; handing out the costliest scopes first (the real-engine main jobs, then the
+# Docker engine's files) took 2415 s, because the two CPU-bound real engines (the tiny hybrid's main job and the
+# container pod's) then ran side by side and each slowed the other far more than a waiting test does (967 s instead of
+# 651 s, 626 s instead of 202 s): on two cores a real engine runs best beside the tests that mostly wait.
 class WholeFiles(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships no types
-    """xdist's scope scheduling with a file as the scope, the Docker engine's files as one scope, the costliest first.
+    """xdist's scope scheduling with a file as the scope, and the Docker engine's files as one scope.
 
     xdist's own `--dist loadgroup` cannot do this under pytest 9: xdist 3.8.0 renames the grouped tests by assigning
     `item._nodeid` (xdist/remote.py:236-254), which pytest 9.2's `Node.nodeid` no longer reads (it returns `self._id`,
@@ -57,15 +46,6 @@ class WholeFiles(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships no t
     def _split_scope(self, nodeid: str) -> str:
         path = nodeid.split("::", 1)[0]
         return "docker-engine" if path in ON_THE_SESSIONS_ENGINE else path
-
-    def _assign_work_unit(self, node: WorkerController) -> None:
-        """Hand out the costliest scope still queued before the rest: xdist pops the queue's front
-        (xdist/scheduler/loadscope.py:263-282), so the longest runs start while the other worker has work beside them.
-        """
-        queued = [scope for scope in COSTLIEST_FIRST if scope in self.workqueue]
-        if queued:
-            self.workqueue.move_to_end(queued[0], last=False)
-        super()._assign_work_unit(node)
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> LoadScopeScheduling:
