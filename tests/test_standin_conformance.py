@@ -33,6 +33,7 @@ from glm53.loopback import quiet
 from glm53.pod import PodAddresses, PodOptions, render_plans, started_pod
 from glm53.profiles import get_profile
 from glm53.tinymodels import MAX_POSITIONS
+from glm53.validate.commits import committed_per_server
 from glm53.validate.prompts import document_qa_prompt, token_id_prompt
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -308,14 +309,10 @@ def families(exposition: str) -> dict[str, Family]:
 
 
 def committed_chunks(lmcache: str, salt: str) -> float:
-    """The chunks the LMCache server has committed to L1 under `salt` (its own counter, counted after the commit:
-    lmcache 0.5.6 lmcache/v1/distributed/l1_manager.py `finish_write` -> lmcache_mp.l1_write, labelled by salt)."""
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(scrape(lmcache))
-        for sample in family.samples
-        if sample.name == "lmcache_mp_l1_write_chunks_total" and sample.labels.get("cache_salt") == salt
-    )
+    """The chunks the LMCache server has committed to L1 under `salt`, read as `glm53 validate` reads them (its own
+    counter, counted after the commit: lmcache 0.5.6 lmcache/v1/distributed/l1_manager.py `finish_write` ->
+    lmcache_mp.l1_write, labelled by salt)."""
+    return min(committed_per_server(scrape(lmcache), salt))
 
 
 def wait_for_commit(lmcache: str, step: Step, cold: Answer) -> None:

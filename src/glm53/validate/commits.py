@@ -17,13 +17,12 @@ prime's salt; with TP ranks sharing one server that is at least one rank's share
 from __future__ import annotations
 
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from glm53.errors import EXIT_USAGE, Glm53Error
+from glm53.exporter.upstream import UpstreamError, fetch_text
 
 COMMITTED_CHUNKS = "lmcache_mp_l1_write_chunks_total"
 # The label the pod exporter gives each server's samples when a pod runs one LMCache server per rank.
@@ -63,11 +62,10 @@ class CommitWatch:
 
     def _page(self) -> str:
         try:
-            with urllib.request.urlopen(self.url, timeout=self.timeout) as response:
-                return str(response.read().decode(errors="replace"))
-        except (urllib.error.URLError, OSError, ValueError) as error:
+            return fetch_text(self.url, self.timeout)
+        except UpstreamError as error:
             raise Glm53Error(
-                f"cannot read LMCache's metrics at {self.url} ({error}); check --lmcache-metrics", EXIT_USAGE
+                f"cannot read LMCache's metrics at {self.url} ({error.detail}); check --lmcache-metrics", EXIT_USAGE
             ) from None
 
 
