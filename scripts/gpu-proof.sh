@@ -5,19 +5,21 @@
 # tests from the sdist, check its cuda_ops copy kernel against a PyTorch reference, run CUDA IPC into the real
 # `lmcache server` across processes with KV tensors shaped like both models' cache groups and vLLM's align-mode block
 # ids (store, lookup, retrieve, compare bytes; per-request phases and GB/s against chunks per request, beside a pinned
-# cudaMemcpy), run N
-# TP-rank processes sharing the GPU against the pod's server (and one server per rank), and run `glm53 probe startup`
-# on the server's GPU-mode logs. benchmarks/gpu_proof.py does the GPU work; this script installs, builds and
-# sequences. Every stage runs even if an earlier independent one failed; the exit status is non-zero when any stage
-# failed. docs/gpu-transfer.md holds the results of the transfer stages.
+# cudaMemcpy), run N TP-rank processes sharing the GPU against the pod's server (and one server per rank), and run
+# `glm53 probe startup` on the server's GPU-mode logs. The package benchmarks/gpu_proof/ (`$python benchmarks/gpu_proof
+# COMMAND`) does the GPU work; this script installs, builds and sequences. Every stage runs even if an earlier
+# independent one failed; the exit status is non-zero when any stage failed. docs/gpu-transfer.md holds the results of
+# the transfer stages.
 #
 # Works offline (a lent GPU host reaches no package index): everything comes from a carry folder, which
-# scripts/gpu-proof-carry.sh fills on a machine with the package index:
-#   CARRY/sdist/lmcache-V.tar.gz       the LMCache sdist, V from --lmcache-version
-#                                      (`pip download --no-deps --no-binary lmcache lmcache==V`)
-#   CARRY/wheels/*.whl                 docker/vllm-lmcache/build-requirements.txt and their dependencies (less rt/'s)
+# scripts/gpu-proof-carry.sh fills on a machine with the package index (no CUDA needed there):
+#   CARRY/sdist/lmcache-V.tar.gz       the LMCache sdist, V from --lmcache-version (the build and lmcache-tests stages)
+#   CARRY/wheels/*.whl                 docker/vllm-lmcache/build-requirements.txt and their dependencies (less rt/'s;
+#                                      the build stage)
 #   CARRY/rt/*.whl                     LMCache's runtime dependencies the host lacks (scripts/gpu-proof-rt.txt;
 #                                      installed with --no-deps; also searched by the build)
+# A run with --lmcache-wheel (a wheel an earlier run built, in its --out) needs rt/ and the wheel only:
+# `scripts/gpu-proof-carry.sh --wheel WHL` fills such a folder, small enough to carry beside the working tree.
 #
 # Usage: scripts/gpu-proof.sh [--dry-run] [--carry DIR] [--out DIR] [--python PY] [--lmcache-version V]
 #                             [--lmcache-wheel WHL] [--stages LIST] [--max-jobs N] [--case PROFILE@CHUNK[:COUNTS]]...
@@ -39,8 +41,8 @@
 #                    in the time left)
 #   --time-budget S  seconds the whole run may take (default 560: a lent GPU host's commands end at 10 minutes)
 #   --max-jobs N     parallel compile jobs (default: all cores)
-#   --case/--chunks/--reps/--l1-size-gb/--all-real-at   passed to `benchmarks/gpu_proof.py ipc` (see its --help)
-#   --tp-case/--ranks/--layouts/--tp-chunks/--tp-reps   passed to `benchmarks/gpu_proof.py tp`
+#   --case/--chunks/--reps/--l1-size-gb/--all-real-at   passed to `benchmarks/gpu_proof ipc` (see its --help)
+#   --tp-case/--ranks/--layouts/--tp-chunks/--tp-reps   passed to `benchmarks/gpu_proof tp`
 #   --server-arg FLAG  a server flag beyond the chart's sidecar flags, for both (experiments: --max-gpu-workers=8)
 set -euo pipefail
 
@@ -109,23 +111,28 @@ command -v "$python" >/dev/null 2>&1 || fail "expected the Python '$python' on P
 [[ "$lmcache_version" =~ ^[0-9]+(\.[0-9]+)+((a|b|rc)[0-9]+)?$ ]] \
     || fail "expected --lmcache-version like 0.5.6 or 0.5.7rc2 but got '$lmcache_version'."
 sdist="$carry/sdist/lmcache-$lmcache_version.tar.gz"
+# What fills the carry folder, where pip reaches the package index (a wheel's run carries only rt/ and the wheel).
+fill_carry="scripts/gpu-proof-carry.sh --carry $carry --lmcache-version $lmcache_version"
+[ -z "$wheel" ] || fill_carry="scripts/gpu-proof-carry.sh --carry $carry --wheel $wheel"
 if [ -n "$wheel" ]; then
     [ -f "$wheel" ] || fail "expected the LMCache wheel $wheel but it does not exist."
     stages="${stages//build/}"
 elif wants build || wants lmcache-tests; then
-    [ -f "$sdist" ] || fail "expected the LMCache sdist at $sdist but it is missing; see --help for the carry folder."
+    [ -f "$sdist" ] || fail "expected the LMCache sdist at $sdist but it is missing; first run: $fill_carry"
 fi
 if wants lmcache-tests && [ ! -f "$sdist" ]; then
     fail "expected the LMCache sdist at $sdist for its kernel tests but it is missing; drop lmcache-tests from --stages."
 fi
 if wants build; then
-    compgen -G "$carry/wheels/*.whl" >/dev/null || fail "expected the build's wheels in $carry/wheels but found none."
+    compgen -G "$carry/wheels/*.whl" >/dev/null \
+        || fail "expected the build's wheels in $carry/wheels but found none; first run: $fill_carry"
 fi
 if wants deps; then
-    compgen -G "$carry/rt/*.whl" >/dev/null || fail "expected LMCache's runtime wheels in $carry/rt but found none."
+    compgen -G "$carry/rt/*.whl" >/dev/null \
+        || fail "expected LMCache's runtime wheels in $carry/rt but found none; first run: $fill_carry"
 fi
 # The geometry is validated (and printed) by the same code that runs it.
-plan="$("$python" benchmarks/gpu_proof.py plan "${bench_args[@]}" "${tp_args[@]}" "${server_args[@]}")" \
+plan="$("$python" benchmarks/gpu_proof plan "${bench_args[@]}" "${tp_args[@]}" "${server_args[@]}")" \
     || fail "the benchmark plan is invalid (above)."
 
 ipc_dir_name="ipc"
@@ -135,9 +142,9 @@ step_lines=(
     "build          docker/vllm-lmcache/build-lmcache.sh --source $sdist --arch-list 9.0 --max-jobs $max_jobs (timed; build deps: PIP_FIND_LINKS=$carry/wheels $carry/rt)"
     "deps           pip install --no-index --no-deps $carry/rt/*.whl (LMCache's runtime dependencies)"
     "install        pip install --no-deps the built wheel${wheel:+ ($wheel)}; verify_lmcache.py --import-package"
-    "kernels        benchmarks/gpu_proof.py kernels (cuda_ops vs LMCache's PyTorch fallback and a gather)"
-    "ipc            benchmarks/gpu_proof.py ipc --device cuda (real lmcache server, CUDA IPC, align-mode block ids, phases, GB/s by chunks per request, pinned memcpy)"
-    "tp             benchmarks/gpu_proof.py tp --device cuda (N rank processes sharing the GPU: the pod's server or one per rank; aggregate GB/s, N pinned copies, server CPU, p50/p99)"
+    "kernels        benchmarks/gpu_proof kernels (cuda_ops vs LMCache's PyTorch fallback and a gather)"
+    "ipc            benchmarks/gpu_proof ipc --device cuda (real lmcache server, CUDA IPC, align-mode block ids, phases, GB/s by chunks per request, pinned memcpy)"
+    "tp             benchmarks/gpu_proof tp --device cuda (N rank processes sharing the GPU: the pod's server or one per rank; aggregate GB/s, N pinned copies, server CPU, p50/p99)"
     "probe          glm53 probe startup on each GPU-mode server log (+ the profile's example vllm.log)"
     "lmcache-tests  pytest tests/v1/test_mp_mem_kernels.py tests/v1/test_mem_kernels.py from the sdist (time left)"
 )
@@ -235,7 +242,7 @@ stage_lmcache_tests() {
 }
 
 stage_kernels() {
-    "$python" benchmarks/gpu_proof.py kernels --out "$out"
+    "$python" benchmarks/gpu_proof kernels --out "$out"
 }
 
 # Each transfer stage gets the time left, less what the later stages need to report.
@@ -247,7 +254,7 @@ stage_ipc() {
     local left
     left="$(time_left 25)"
     [ "$left" -ge 30 ] || { echo "skipped: only ${left}s of the ${time_budget}s budget left"; return 1; }
-    PYTHONUNBUFFERED=1 timeout "$left" "$python" benchmarks/gpu_proof.py ipc --device cuda --out "$work/$ipc_dir_name" \
+    PYTHONUNBUFFERED=1 timeout "$left" "$python" benchmarks/gpu_proof ipc --device cuda --out "$work/$ipc_dir_name" \
         "${bench_args[@]}" "${server_args[@]}"
 }
 
@@ -255,7 +262,7 @@ stage_tp() {
     local left
     left="$(time_left 20)"
     [ "$left" -ge 30 ] || { echo "skipped: only ${left}s of the ${time_budget}s budget left"; return 1; }
-    PYTHONUNBUFFERED=1 timeout "$left" "$python" benchmarks/gpu_proof.py tp --device cuda --out "$work/$tp_dir_name" \
+    PYTHONUNBUFFERED=1 timeout "$left" "$python" benchmarks/gpu_proof tp --device cuda --out "$work/$tp_dir_name" \
         "${tp_args[@]}" "${server_args[@]}"
 }
 

@@ -6,7 +6,7 @@ is built once per set of inputs and kept under `$GLM53_CACHE_DIR` (default `~/.c
 everything that goes into it: the sdist's bytes, the build and verification scripts, the pinned build requirements,
 the torch of the build venv (version and CUDA), GCC 12's and nvcc's versions, the arch list and the Python. A changed
 input is a new key, hence a new build. What is kept is the wheel, the build's record (lmcache-build.json) and what the
-build printed; the wheel's SHA-256 is checked whenever the entry is read, and tests/docker/test_lmcache_build.py
+build printed; the wheel's SHA-256 is checked whenever the entry is read, and tests/images/test_lmcache_build.py
 verifies the wheel against torch 2.14 on every run (nm and import), cached or not.
 
     lmcache_wheel.py --start       start the build in the background unless the entry exists or a build runs

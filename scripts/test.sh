@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's second command: set up everything on a fresh machine, then lint, type-check and run the whole suite.
 # Extra arguments go to pytest (e.g. `scripts/test.sh -m "not docker"` or `scripts/test.sh tests/test_chunks.py`).
-# The run ends with a budget report (tests/budget.py): the wall time of set-up, lint and pytest, and the slowest tests.
+# The run ends with a budget report (tests/support/budget.py): the wall time of set-up, lint and pytest, and the slowest tests.
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -17,17 +17,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from dockerkit import DockerEngine, MockImageBuild, build_mock_image, import_base_image, private_engine
 from xdist.remote import Producer
 from xdist.scheduler import LoadScopeScheduling
 
+from tests.support.dockerkit import DockerEngine, MockImageBuild, build_mock_image, import_base_image, private_engine
+
 # The staging tests load `stagekit` as a plugin (its fixtures); its asserts are rewritten like a test module's.
-pytest.register_assert_rewrite("stagekit")
-# Every run ends with the budget report (tests/budget.py): where its wall time went.
-pytest_plugins = ["budget"]
+pytest.register_assert_rewrite("tests.support.stagekit")
+# Every run ends with the budget report (tests/support/budget.py): where its wall time went.
+pytest_plugins = ["tests.support.budget"]
 
 # The test files that use the session's Docker engine (the fixtures below), run on one worker.
-ON_THE_SESSIONS_ENGINE = frozenset({"tests/docker/test_mock_image.py", "tests/docker/test_container_pod.py"})
+ON_THE_SESSIONS_ENGINE = frozenset({"tests/images/test_mock_image.py", "tests/images/test_container_pod.py"})
 
 
 # xdist's own order (scopes with the most tests first) is kept on purpose. Measured in warm CI dry runs on 2 cores

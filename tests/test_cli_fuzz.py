@@ -30,9 +30,9 @@ from unittest import mock
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sessionrun import run_in_session
 
 from glm53.cli import COMMANDS, main
+from tests.support.sessionrun import run_in_session
 
 GARBAGE = ("nan", "inf", "-inf", "-1", "0", "99999", "1e309", "", " ", "☃", "ünïcødé", "\udcff", "-", "0x10", "[")
 PLAUSIBLE = ("1", "64", "256", "1152,1152,0", "glm53", "glm53-flash", "http://127.0.0.1:1")

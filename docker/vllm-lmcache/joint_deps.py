@@ -45,7 +45,7 @@ HEADER = """\
 # {python} on Linux x86_64, every distribution pinned. Both pip installs of the Dockerfile honour it (-c), so the
 # LMCache install downgrades nothing vLLM installed; `pip check` runs after them. Generated, do not edit by hand:
 #   .venv/bin/python docker/vllm-lmcache/joint_deps.py --python python{python} --write
-# (and checked in CI by tests/docker/test_joint_deps.py with `--check`). The Dockerfile refuses any other Python
+# (and checked in CI by tests/images/test_joint_deps.py with `--check`). The Dockerfile refuses any other Python
 # (check-python.sh reads the next line).
 # python-version: {python}
 """

@@ -8,20 +8,14 @@ repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 # shellcheck source=scripts/setup.d/lib/cache.sh
 source "$repo_root/scripts/setup.d/lib/cache.sh"
 checkov_version="3.3.30"
-python="${PYTHON:-python3.11}"
 bin_dir="$repo_root/.tools/bin"
 
 build_checkov_venv() {
-    if ! command -v "$python" >/dev/null 2>&1; then
-        echo "21-checkov.sh: $python not found; install Python 3.11 or set PYTHON=/path/to/python3.11" >&2
-        exit 1
-    fi
-    "$python" -m venv "$1"
-    "$1/bin/python" -m pip install --quiet --disable-pip-version-check "pip==25.3"
-    "$1/bin/python" -m pip install --quiet --disable-pip-version-check "checkov==$checkov_version"
+    new_venv 21-checkov.sh "$1"
+    venv_install "$1" "checkov==$checkov_version"
 }
 
-cached_venv checkov "checkov==$checkov_version pip==25.3" build_checkov_venv "$repo_root/.tools/checkov-venv"
+cached_venv checkov "checkov==$checkov_version $GLM53_PIP_PIN" build_checkov_venv "$repo_root/.tools/checkov-venv"
 venv="$CACHED_VENV"
 mkdir -p "$bin_dir"
 ln -sfn "$venv/bin/checkov" "$bin_dir/checkov"

@@ -13,7 +13,6 @@ set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 # shellcheck source=scripts/setup.d/lib/cache.sh
 source "$repo_root/scripts/setup.d/lib/cache.sh"
-python="${PYTHON:-python3.11}"
 requirements="$repo_root/tests/chart/upstream-parsers-requirements.txt"
 torch_pin="torch==2.13.0+cpu"
 torch_index="${GLM53_TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
@@ -26,18 +25,12 @@ if [ "${#wheels[@]}" -ne 1 ]; then
 fi
 
 build_parsers_venv() {
-    if ! command -v "$python" >/dev/null 2>&1; then
-        echo "25-upstream-parsers.sh: $python not found; install Python 3.11 or set PYTHON=/path/to/python3.11" >&2
-        exit 1
-    fi
-    "$python" -m venv "$1"
-    local pip=("$1/bin/python" -m pip install --quiet --disable-pip-version-check)
-    "${pip[@]}" "pip==25.3"
+    new_venv 25-upstream-parsers.sh "$1"
     # The CPU build: from local wheels (find-links) when present, else from PyTorch's CPU index.
-    "${pip[@]}" --no-deps --no-index "$torch_pin" 2>/dev/null \
-        || "${pip[@]}" --no-deps --index-url "$torch_index" "$torch_pin"
-    "${pip[@]}" --no-deps "${wheels[0]}"
-    "${pip[@]}" --no-deps -r "$requirements"
+    venv_install "$1" --no-deps --no-index "$torch_pin" 2>/dev/null \
+        || venv_install "$1" --no-deps --index-url "$torch_index" "$torch_pin"
+    venv_install "$1" --no-deps "${wheels[0]}"
+    venv_install "$1" --no-deps -r "$requirements"
     VLLM_TARGET_DEVICE=cpu "$1/bin/python" -c "import vllm.entrypoints.cli.serve" \
         || { echo "25-upstream-parsers.sh: vLLM's parser does not import in $1; see the error above" >&2; exit 1; }
 }

@@ -3,7 +3,7 @@
 # without its dependencies into .venv/lmcache-0.5.7rc2/: an overlay, where the mock image has it
 # (/opt/glm53/lmcache-0.5.7rc2, the chart's PYTHONPATH with lmcache.generation=0.5.7rc2). First on PYTHONPATH, it makes
 # the pod extra's Python import 0.5.7rc2 instead of 0.5.6 (its wheel is built against torch 2.13, the pod extra's, and needs nothing
-# 0.5.6's environment lacks). tests/test_negotiating_server_live.py starts the real server from it. Idempotent.
+# 0.5.6's environment lacks). tests/probe/test_negotiating_server_live.py starts the real server from it. Idempotent.
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install a Docker engine (Debian's docker.io) and debootstrap so the Docker-marked tests can start their own daemon
-# and build a base image without a registry. Installing only: tests/docker/conftest.py starts and stops the engine.
+# and build a base image without a registry. Installing only: tests/conftest.py starts and stops the engine.
 set -euo pipefail
 
 # Pinned to bookworm's versions: the daemon's API (1.41) and vfs behaviour are what the tests were measured against.

@@ -7,17 +7,15 @@ set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 # shellcheck source=scripts/setup.d/lib/cache.sh
 source "$repo_root/scripts/setup.d/lib/cache.sh"
-python="${PYTHON:-python3.11}"
 # ansible 12.x is the newest line that supports Python 3.11; it bundles ansible-core 2.19.
 pins=("ansible==12.3.0" "ansible-core==2.19.14" "ansible-lint==26.10.1")
 
 build_ansible_venv() {
-    "$python" -m venv "$1"
-    "$1/bin/python" -m pip install --quiet --disable-pip-version-check "pip==25.3"
-    "$1/bin/python" -m pip install --quiet --disable-pip-version-check "${pins[@]}"
+    new_venv 31-ansible.sh "$1"
+    venv_install "$1" "${pins[@]}"
 }
 
-cached_venv ansible "${pins[*]} pip==25.3" build_ansible_venv "$repo_root/.tools/ansible-venv"
+cached_venv ansible "${pins[*]} $GLM53_PIP_PIN" build_ansible_venv "$repo_root/.tools/ansible-venv"
 venv="$CACHED_VENV"
 mkdir -p "$repo_root/.tools/bin"
 for tool in ansible ansible-playbook ansible-galaxy ansible-doc ansible-lint; do

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Toolchain for compiling LMCache from source on a CPU-only host (issue 5.2), used by
-# tests/docker/test_lmcache_build.py and benchmarks/lmcache_build_bench.py:
+# tests/images/test_lmcache_build.py and benchmarks/lmcache_build_bench.py:
 #   - GCC 12 (torch 2.14's headers need a fully C++20-capable host compiler; Debian bookworm's default is 12),
 #   - nvcc from the CUDA 13.0 toolkit (torch 2.14's default CUDA build is cu130; not installable with apt here),
 #   - .tools/lmcache-build-venv: Python 3.11 + the target torch + LMCache's pinned build dependencies,
@@ -14,7 +14,6 @@ repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 source "$repo_root/scripts/setup.d/lib/cache.sh"
 tools="$repo_root/.tools"
 dist="$(glm53_cache_dir)/lmcache-dist"
-python="${PYTHON:-python3.11}"
 cuda_home="${CUDA_HOME:-/usr/local/cuda}"
 build_requirements="$repo_root/docker/vllm-lmcache/build-requirements.txt"
 
@@ -50,10 +49,8 @@ check_nvcc() {
 }
 
 build_venv() {
-    command -v "$python" >/dev/null 2>&1 || fail "$python not found; install Python 3.11 or set PYTHON=/path/to/python3.11."
-    "$python" -m venv "$1"
-    "$1/bin/python" -m pip install --quiet --disable-pip-version-check "pip==25.3"
-    "$1/bin/python" -m pip install --quiet --disable-pip-version-check "torch==$torch_version" -r "$build_requirements"
+    new_venv 50-lmcache-build "$1"
+    venv_install "$1" "torch==$torch_version" -r "$build_requirements"
 }
 
 ensure_dist() {
@@ -75,7 +72,7 @@ ensure_dist() {
 ensure_gcc12
 check_nvcc
 mkdir -p "$tools"
-cached_venv lmcache-build "torch==$torch_version pip==25.3 $(sha256sum <"$build_requirements")" build_venv \
+cached_venv lmcache-build "torch==$torch_version $GLM53_PIP_PIN $(sha256sum <"$build_requirements")" build_venv \
     "$tools/lmcache-build-venv"
 venv="$CACHED_VENV"
 ensure_dist

@@ -2,14 +2,11 @@
 
 Every failure a person can cause or fix (bad flags, malformed logs, unreachable servers) is raised as a `Glm53Error`
 carrying a sentence that says what was expected, what was found and what to do. The CLI prints that sentence and exits
-with `exit_code`; nothing else reaches the user as a traceback. The argparse value types below belong here because
-they are how a flag's value becomes such a sentence before any command runs.
+with `exit_code`; nothing else reaches the user as a traceback. The exit codes every subcommand shares are here too;
+the argparse checks that refuse a bad flag value before any command runs are in `glm53.commands.argtypes`.
 """
 
 from __future__ import annotations
-
-import argparse
-import math
 
 # Exit codes shared by every subcommand. Specific commands (the probe, validate, kind-smoke) add their own above 2.
 EXIT_OK = 0
@@ -27,25 +24,3 @@ class Glm53Error(Exception):
 
     def __str__(self) -> str:
         return self.message
-
-
-def positive_float(text: str) -> float:
-    """An argparse type: a finite number above zero (`nan`, `inf` and `0` are refused with the value named)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    """An argparse type: a finite number of zero or more (`nan`, `inf` and negatives are refused, value named)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"expected a finite number of zero or more, got {text!r}")
-    return value

@@ -4,7 +4,7 @@
 document exactly its `defaults/main.yml` (same names, same defaults), so the interface Ansible validates and the one
 users read cannot drift; and each preflight refusal is one sentence that says what was expected, what was found and
 what to do. The builder choice is read from captured `docker version` answers through a stand-in docker CLI (no
-daemon); builds against a real engine (and the check-mode run) are in tests/docker/test_mock_image.py.
+daemon); builds against a real engine (and the check-mode run) are in tests/images/test_mock_image.py.
 """
 
 from __future__ import annotations
@@ -46,15 +46,22 @@ def ansible_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PATH": path, "ANSIBLE_CONFIG": str(ANSIBLE_DIR / "ansible.cfg"), **extra}
 
 
-def failure_messages(playbook: str, extra_vars: dict[str, Any], **env: str) -> list[str]:
-    """Run a playbook that must fail; the messages of its failed tasks, read through the JSON callback."""
-    completed = subprocess.run(
-        [tool("ansible-playbook"), playbook, "-e", json.dumps(extra_vars)],
+def ansible(executable: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run an Ansible executable in the ansible directory with `ansible_env(**env)`; its output captured, any exit."""
+    return subprocess.run(
+        [tool(executable), *args],
         cwd=ANSIBLE_DIR,
-        env=ansible_env(ANSIBLE_STDOUT_CALLBACK="ansible.posix.json", **env),
+        env=ansible_env(**env),
         capture_output=True,
         text=True,
         check=False,
+    )
+
+
+def failure_messages(playbook: str, extra_vars: dict[str, Any], **env: str) -> list[str]:
+    """Run a playbook that must fail; the messages of its failed tasks, read through the JSON callback."""
+    completed = ansible(
+        "ansible-playbook", playbook, "-e", json.dumps(extra_vars), ANSIBLE_STDOUT_CALLBACK="ansible.posix.json", **env
     )
     assert completed.returncode != 0, f"{playbook} passed with {extra_vars}"
     output = json.loads(completed.stdout[completed.stdout.index("{") :])
@@ -64,28 +71,14 @@ def failure_messages(playbook: str, extra_vars: dict[str, Any], **env: str) -> l
 
 @pytest.mark.parametrize("playbook", PLAYBOOKS)
 def test_syntax_check(playbook: str) -> None:
-    completed = subprocess.run(
-        [tool("ansible-playbook"), "--syntax-check", playbook],
-        cwd=ANSIBLE_DIR,
-        env=ansible_env(),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    completed = ansible("ansible-playbook", "--syntax-check", playbook)
 
     assert completed.returncode == 0, completed.stdout + completed.stderr
 
 
 @pytest.mark.slow
 def test_ansible_lint_production_profile() -> None:
-    completed = subprocess.run(
-        [tool("ansible-lint"), "--offline", "--profile", "production", "--nocolor", "-f", "pep8"],
-        cwd=ANSIBLE_DIR,
-        env=ansible_env(),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    completed = ansible("ansible-lint", "--offline", "--profile", "production", "--nocolor", "-f", "pep8")
 
     assert completed.returncode == 0, completed.stdout + completed.stderr
 
@@ -184,14 +177,7 @@ def serving_build_vars(docker: Path, tmp_path: Path, **extra: Any) -> dict[str, 
 
 def the_one_build(extra_vars: dict[str, Any], tmp_path: Path) -> str:
     """Run build-images.yml, which must pass, through the fake docker of `tmp_path`; the one `build` it recorded."""
-    completed = subprocess.run(
-        [tool("ansible-playbook"), "build-images.yml", "-e", json.dumps(extra_vars)],
-        cwd=ANSIBLE_DIR,
-        env=ansible_env(),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    completed = ansible("ansible-playbook", "build-images.yml", "-e", json.dumps(extra_vars))
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr
     (build,) = (tmp_path / "builds.log").read_text().splitlines()
     return build

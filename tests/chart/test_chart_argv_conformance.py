@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from chartkit import REPO_ROOT, Obj, container, get, pod_spec, render, scenario_values, scenarios
 
-from glm53.pod import lmcache_overlay
+from glm53.pod.main_job import lmcache_overlay
 from glm53.profiles import LMCACHE_DEFAULT_CHUNK_SIZE, get_profile
+from tests.support.chartkit import REPO_ROOT, Obj, container, get, pod_spec, render, scenario_values, scenarios
 
-PARSE = Path(__file__).with_name("upstream_parse.py")
+PARSE = REPO_ROOT / "tests" / "support" / "upstream_parse.py"
 VLLM_PYTHON = REPO_ROOT / ".tools" / "upstream-parsers-venv" / "bin" / "python"
 # The project's .venv carries the real lmcache==0.5.6 (the `pod` extra): its parser imports there.
 LMCACHE_PYTHON = Path(sys.executable)

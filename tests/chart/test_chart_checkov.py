@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from chartkit import CHART_DIR, NEWER_KUBE_RENDERS, render_cli, scenario_values, scenarios, tool
+
+from tests.support.chartkit import CHART_DIR, NEWER_KUBE_RENDERS, render_cli, scenario_values, scenarios, tool
 
 _SKIPS = re.compile(r"<!-- checkov-skips:start -->(.*?)<!-- checkov-skips:end -->", re.S)
 _ROW = re.compile(r"^\| (CKV_[A-Z0-9_]+) \| ([^|]+) \| ([^|]+) \|$", re.M)

@@ -8,15 +8,16 @@ from typing import Any
 
 import pytest
 import yaml
-from chartkit import CHART_DIR, notes, render
-from values_doc import END, START, expected_readme, main, parse_values_doc
+
+from tests.support.chartkit import CHART_DIR, notes, render
+from tests.support.values_doc import END, START, expected_readme, main, parse_values_doc
 
 VALUES_TEXT = (CHART_DIR / "values.yaml").read_text()
 
 
 def test_readme_values_table_is_up_to_date() -> None:
     readme = (CHART_DIR / "README.md").read_text()
-    assert readme == expected_readme(readme, VALUES_TEXT), "run .venv/bin/python tests/chart/values_doc.py"
+    assert readme == expected_readme(readme, VALUES_TEXT), "run .venv/bin/python -m tests.support.values_doc"
     assert main(["--check"]) == 0
 
 

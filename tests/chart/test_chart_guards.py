@@ -9,7 +9,8 @@ import json
 from typing import Any
 
 import pytest
-from chartkit import RenderError, refusals, render, render_cli
+
+from tests.support.chartkit import RenderError, assert_refused, render, render_cli
 
 GUARDS: dict[str, tuple[dict[str, Any], str]] = {
     "unknown profile": (
@@ -205,8 +206,7 @@ GUARDS: dict[str, tuple[dict[str, Any], str]] = {
 
 @pytest.mark.parametrize("case", sorted(GUARDS))
 def test_guard_refuses_with_its_message(case: str) -> None:
-    values, message = GUARDS[case]
-    assert all(message in refused for refused in refusals(values))
+    assert_refused(*GUARDS[case])
 
 
 # Extra arguments that would undo a guard: each is, or abbreviates, a flag the chart owns (argparse's allow_abbrev;
@@ -242,7 +242,7 @@ BYPASSES: list[tuple[str, list[str], str]] = [
 def test_extra_args_cannot_override_a_flag_the_chart_owns(key: str, argv: list[str], flag: str) -> None:
     values = {key: {"extraArgs": argv}}
     expected = f"{key}.extraArgs has {json.dumps(argv[0])}, which is or abbreviates {flag}, a flag the chart sets"
-    assert all(expected in refused for refused in refusals(values))
+    assert_refused(values, expected)
 
 
 def test_dra_needs_kubernetes_1_34() -> None:

@@ -1,6 +1,6 @@
 """The CI scenarios' mock-mode pods, run on this machine by the loopback runner: the chart's exact commands and probes.
 
-`glm53.loopback` is the runner of the main job; here it runs the pods of `ci/mock-values.yaml` and
+`glm53.pod.loopback` is the runner of the main job; here it runs the pods of `ci/mock-values.yaml` and
 `ci/mock-glm53-values.yaml` as rendered (only their load time shortened), so a scenario whose pod cannot start or
 whose probes cannot pass fails here, not first on kind. The sidecar gates the engine, the startup and readiness probes
 are the rendered exec commands, and the engine's liveness probe (an httpGet) is its `/health`.
@@ -12,11 +12,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from chartkit import render, scenario_values
 
-from glm53.loopback import quiet, running_pod, wait_probe
-from glm53.pod import PodAddresses
-from glm53.podplan import deployment_pod
+from glm53.pod.loopback import quiet, running_pod, wait_probe
+from glm53.pod.main_job import PodAddresses
+from glm53.pod.plan import deployment_pod
+from tests.support.chartkit import render, scenario_values
 
 DEADLINE_S = 60.0
 

@@ -6,7 +6,8 @@ import json
 from typing import Any
 
 import pytest
-from chartkit import (
+
+from tests.support.chartkit import (
     NAMESPACE,
     RELEASE,
     Obj,

@@ -8,9 +8,9 @@ import subprocess
 import sys
 
 import pytest
-from chartkit import CHART_DIR, container, flag_value, get, pod_spec, render
 
 from glm53.profiles import PROFILES, profile_as_dict
+from tests.support.chartkit import CHART_DIR, container, flag_value, get, pod_spec, render
 
 
 def test_profiles_json_is_the_toolkits_output() -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import kubernetes_validate
 import pytest
-from chartkit import (
+
+from tests.support.chartkit import (
     CRD_KINDS,
     NEWER_KUBE_RENDERS,
     NEWEST_KUBE,

@@ -11,7 +11,10 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-from chartkit import (
+from vllm_router.launch_router import parse_router_args
+from vllm_router.router_args import RouterArgs
+
+from tests.support.chartkit import (
     NAMESPACE,
     NEWEST_KUBE,
     OLDEST_KUBE,
@@ -25,8 +28,6 @@ from chartkit import (
     render_cli,
     scenario_values,
 )
-from vllm_router.launch_router import parse_router_args
-from vllm_router.router_args import RouterArgs
 
 ROUTER = f"{RELEASE}-router"
 

@@ -13,7 +13,19 @@ import math
 from typing import Any
 
 import pytest
-from chartkit import Obj, RenderError, container, flag_value, get, one, pod_spec, refusals, render, render_cli
+
+from tests.support.chartkit import (
+    Obj,
+    RenderError,
+    assert_refused,
+    container,
+    flag_value,
+    get,
+    one,
+    pod_spec,
+    render,
+    render_cli,
+)
 
 PER_RANK = {"lmcache": {"serverLayout": "perRank"}}
 LOGS = "/var/log/glm53"
@@ -147,7 +159,7 @@ MESSAGE = (
 
 def test_per_rank_without_lmcache_is_refused_by_both_helm_engines() -> None:
     values = {"lmcache": {"serverLayout": "perRank", "enabled": False}}
-    assert all(MESSAGE in refused for refused in refusals(values))
+    assert_refused(values, MESSAGE)
 
 
 def test_the_schema_knows_only_the_two_layouts() -> None:

@@ -1,4 +1,4 @@
-"""The stage step in the rendered pod (weights.staging, templates/engine/_staging.tpl): the weights are staged before
+"""The stage step in the rendered pod (weights.staging, templates/staging/): the weights are staged before
 the engine starts, the engine runs offline with a startup budget for the load alone, and every volume the chart can
 mount (one claim, a claim per StatefulSet replica, a node directory, an emptyDir) is the one staged; a pre-staged
 read-only claim skips staging. Asserted on rendered objects from Helm 4 (helm-python-sdk) and, where users' Helm
@@ -11,22 +11,22 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-from chartkit import (
+
+from glm53.commands.stage_weights import build_parser
+from tests.support.chartkit import (
     OLDEST_KUBE,
     RenderError,
+    assert_refused,
     container,
     engine_workload,
     flag_value,
     get,
     objects,
     pod_spec,
-    refusals,
     render,
     render_cli,
     scenario_values,
 )
-
-from glm53.commands.stage_weights import build_parser
 
 STAGE = "stage-weights"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -194,8 +194,7 @@ GUARDS: dict[str, tuple[dict[str, Any], str]] = {
 
 @pytest.mark.parametrize("case", sorted(GUARDS))
 def test_guards_refuse_with_their_message(case: str) -> None:
-    values, message = GUARDS[case]
-    assert all(message in refused for refused in refusals(values))
+    assert_refused(*GUARDS[case])
 
 
 @pytest.mark.parametrize(

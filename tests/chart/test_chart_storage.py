@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 import yaml
-from chartkit import (
+
+from glm53.pod.plan import deployment_pod
+from tests.support.chartkit import (
     CHART_DIR,
     NAMESPACE,
     RELEASE,
@@ -31,8 +33,6 @@ from chartkit import (
     scenario_values,
     scenarios,
 )
-
-from glm53.podplan import deployment_pod
 
 DEFAULTS = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
 MANY_NODES = {"ReadOnlyMany", "ReadWriteMany"}
@@ -198,7 +198,7 @@ def test_shared_pre_staged_weights_stay_a_deployment() -> None:
 
 
 def test_mock_replicas_stay_one_deployment_the_cpu_runners_can_read() -> None:
-    """The loopback runner reads the engine Deployment (glm53.podplan) and provides only emptyDirs."""
+    """The loopback runner reads the engine Deployment (glm53.pod.plan) and provides only emptyDirs."""
     objs = render({"mock": {"enabled": True}, "replicaCount": 3})  # weights.source stays newPvc
     assert objects(objs, "StatefulSet") == [] and objects(objs, "PersistentVolumeClaim") == []
     pod = deployment_pod(objs)

@@ -1,7 +1,7 @@
 """Every alert the chart ships, run by the real promtool (`promtool test rules`): each fires on its fault, with the
 exact labels and annotations an operator receives, and stays silent on a healthy pod.
 
-The rules are read from the PrometheusRule the chart renders with `ci/monitoring-values.yaml` (`glm53.chart.render`,
+The rules are read from the PrometheusRule the chart renders with `ci/monitoring-values.yaml` (`glm53.pod.chart.render`,
 Helm's engine in-process), not from `files/glm53-alerts.yaml`: the chart rewrites every `runbook_url` under
 `monitoring.prometheusRule.runbookBaseUrl`, and the rendered object is what the Prometheus Operator loads.
 
@@ -28,17 +28,20 @@ from typing import Any
 import promql_parser
 import pytest
 import yaml
-from dockerkit import require_tool
 from prometheus_client.parser import text_string_to_metric_families
 
-from glm53 import chart
-from glm53.pod import ENGINE, EXPORTER
+from glm53.pod import chart
+from glm53.pod.contract import DEFAULT_RELEASE, ENGINE_CONTAINER, EXPORTER_CONTAINER
+from tests.support.dockerkit import require_tool
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).parent / "fixtures"
 MONITORING_VALUES = REPO / "charts/glm53/ci/monitoring-values.yaml"
 # The page each scraped container serves (the ServiceMonitor's `http` endpoint is vLLM's, `metrics` the exporter's).
-PAGES = {ENGINE: FIXTURES / "healthy-pod-vllm.prom", EXPORTER: FIXTURES / "healthy-pod-exporter.prom"}
+PAGES = {
+    ENGINE_CONTAINER: FIXTURES / "healthy-pod-vllm.prom",
+    EXPORTER_CONTAINER: FIXTURES / "healthy-pod-exporter.prom",
+}
 # The Prometheus Operator's default rule evaluation interval (prometheus-operator pkg/prometheus/promcfg.go,
 # generateConfig: evaluationInterval "30s" unless the Prometheus object sets one).
 EVALUATION_INTERVAL = "30s"
@@ -312,13 +315,16 @@ class Fault:
 
 
 # The pod the summaries name: the chart's Deployment (named after the release) plus POD_SUFFIX.
-POD = chart.RELEASE + POD_SUFFIX
+POD = DEFAULT_RELEASE + POD_SUFFIX
 BY_POD = ("namespace", "pod")
 # The hit-ratio alert compares the last 15 minutes with the 6 hours before them: traffic runs that long first.
 BASELINE_MIN = 6 * 60 + 30
 HEALTHY = Scenario("healthy-pod", (), check_min=HEALTHY_FOR, fault_min=HEALTHY_FOR)
 # A failed scrape of the exporter: its target's `up` turns 0 and the series of its page go stale.
-EXPORTER_DOWN = (change(None, Timeline.stale, container=EXPORTER), change(UP, becomes(0.0), container=EXPORTER))
+EXPORTER_DOWN = (
+    change(None, Timeline.stale, container=EXPORTER_CONTAINER),
+    change(UP, becomes(0.0), container=EXPORTER_CONTAINER),
+)
 # A rollout: the old pod's targets leave service discovery, so Prometheus marks every series of theirs stale, `up`
 # included, and a new pod serves the same pages.
 ROLLOUT = Scenario("a-rollout-replaces-the-pod", (change(None, Timeline.stale),), HEALTHY_FOR, rollout=True)
@@ -433,27 +439,22 @@ FAULTS = (
         labels={},
         by=BY_POD,
     ),
-    Fault(
-        "Glm53ExporterScrapeFailing",
-        Scenario("the-exporter-stops-answering", EXPORTER_DOWN, FAULT_AT + 7),
-        "warning",
-        f"Scrapes of the glm53 exporter on {POD} fail or take over 5 seconds",
-        labels={},
-    ),
-    Fault(
-        "Glm53ExporterScrapeFailing",
-        # Well past any lookback over the exporter's own series: the outage still pages.
-        Scenario("the-exporter-stays-down-for-40-minutes", EXPORTER_DOWN, FAULT_AT + 40),
-        "warning",
-        f"Scrapes of the glm53 exporter on {POD} fail or take over 5 seconds",
-        labels={},
-    ),
-    Fault(
-        "Glm53ExporterScrapeFailing",
-        Scenario("scrapes-take-seven-seconds", (change("glm53_scrape_duration_seconds", becomes(7.0)),), FAULT_AT + 7),
-        "warning",
-        f"Scrapes of the glm53 exporter on {POD} fail or take over 5 seconds",
-        labels={},
+    *(
+        Fault(
+            "Glm53ExporterScrapeFailing",
+            scenario,
+            "warning",
+            f"Scrapes of the glm53 exporter on {POD} fail or take over 5 seconds",
+            labels={},
+        )
+        for scenario in (
+            Scenario("the-exporter-stops-answering", EXPORTER_DOWN, FAULT_AT + 7),
+            # Well past any lookback over the exporter's own series: the outage still pages.
+            Scenario("the-exporter-stays-down-for-40-minutes", EXPORTER_DOWN, FAULT_AT + 40),
+            Scenario(
+                "scrapes-take-seven-seconds", (change("glm53_scrape_duration_seconds", becomes(7.0)),), FAULT_AT + 7
+            ),
+        )
     ),
     Fault(
         "Glm53UpstreamScrapeErrors",
@@ -486,7 +487,7 @@ def input_series(pod: Mapping[Series, float], scenario: Scenario, scrape_s: int)
         for series in picked:
             values[series] = step.values(timeline, pod[series])
     if scenario.rollout:
-        new_pod = chart.RELEASE + NEW_POD_SUFFIX
+        new_pod = DEFAULT_RELEASE + NEW_POD_SUFFIX
         values.update({series.moved(new_pod, NEW_POD_IP): timeline.arrives(value) for series, value in pod.items()})
     return [{"series": series.notation(), "values": values[series]} for series in sorted(values)]
 
@@ -511,7 +512,7 @@ def expand(alert: str, template: str, labels: Mapping[str, str]) -> str:
 def expected_alert(fault: Fault, monitoring: RenderedMonitoring) -> dict[str, Any]:
     """What promtool must find firing: every label (the rule's own `severity` included, `alertname` not) and every
     annotation, the runbook link as the chart rewrote it."""
-    kept = {**monitoring.targets[EXPORTER], **fault.labels}
+    kept = {**monitoring.targets[EXPORTER_CONTAINER], **fault.labels}
     labels = {key: value for key, value in kept.items() if fault.by is None or key in fault.by}
     rule = monitoring.rules()[fault.alert]
     annotations = {
@@ -592,7 +593,7 @@ def test_the_healthy_pod_serves_every_series_the_alerts_read(
     for alert, rule in monitoring.rules().items():
         missing = selected_names(rule["expr"]) - served
         assert not missing, (
-            f"{alert} reads {sorted(missing)}, which the captured pages lack; run tests/exporter/real_pod.py"
+            f"{alert} reads {sorted(missing)}, which the captured pages lack; run tests/support/real_pod.py"
         )
 
 

@@ -6,7 +6,12 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from exporter_fakes import (
+
+from glm53 import cli
+from glm53.exporter.upstream import REASON_MALFORMED, REASON_UNREACHABLE, UpstreamError
+from glm53.probe.judge import EXIT_NOT_YET, EXIT_READY, EXIT_WRONG
+from glm53.profiles import get_profile
+from tests.support.exporter_fakes import (
     LMCACHE_PAGE,
     LMCACHE_URL,
     VLLM_PAGE,
@@ -17,11 +22,6 @@ from exporter_fakes import (
     wired,
     with_value,
 )
-
-from glm53 import cli
-from glm53.exporter.upstream import REASON_MALFORMED, REASON_UNREACHABLE, UpstreamError
-from glm53.probe import EXIT_NOT_YET, EXIT_READY, EXIT_WRONG
-from glm53.profiles import get_profile
 
 
 def _one_geometry_log(directory: Path, groups: list[int], block: int | None, tp: int) -> Path:

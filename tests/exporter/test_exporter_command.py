@@ -8,9 +8,9 @@ import socket
 from pathlib import Path
 
 import pytest
-from exporter_fakes import copy_logs, free_port, glm53_child, http_pages, scrape_samples, wired
 
 from glm53 import cli
+from tests.support.exporter_fakes import copy_logs, free_port, glm53_child, http_pages, scrape_samples, wired
 
 
 def _args(logs: tuple[Path, Path], *extra: str) -> list[str]:

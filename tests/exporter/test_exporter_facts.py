@@ -5,10 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from pathlib import Path
 
-from exporter_fakes import MODEL, copy_logs, geometry_lines
-
 from glm53.exporter.facts import LogWatch, seconds_between, vllm_timestamp
 from glm53.profiles import get_profile
+from tests.support.exporter_fakes import MODEL, copy_logs, geometry_lines
 
 FLASH_GROUPS = [1152, 1152, 1152, 1152, 1152, 0]
 

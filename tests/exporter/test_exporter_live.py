@@ -13,8 +13,9 @@ import json
 from pathlib import Path
 
 import pytest
-from exporter_fakes import copy_logs, free_port, glm53_child, http_pages, scrape_samples, vllm_page
-from real_lmcache import http_get, running_lmcache, send_one_request
+
+from tests.support.exporter_fakes import copy_logs, free_port, glm53_child, http_pages, scrape_samples, vllm_page
+from tests.support.real_lmcache import http_get, running_lmcache, send_one_request
 
 
 @pytest.mark.slow

@@ -15,11 +15,11 @@ from typing import Any
 import promql_parser
 import pytest
 import yaml
-from exporter_fakes import LMCACHE_PAGE, LMCACHE_URL, MODEL, VLLM_PAGE, VLLM_URL, copy_logs, wired
 from prometheus_client import generate_latest
 
 from glm53.mock.vllm_metrics import VllmMetrics
 from glm53.staging.metrics import sample_names as stage_sample_names
+from tests.support.exporter_fakes import LMCACHE_PAGE, LMCACHE_URL, MODEL, VLLM_PAGE, VLLM_URL, copy_logs, wired
 
 REPO = Path(__file__).resolve().parents[2]
 ALERTS = REPO / "charts/glm53/files/glm53-alerts.yaml"

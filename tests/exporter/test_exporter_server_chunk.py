@@ -12,11 +12,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from exporter_fakes import copy_logs, free_port
 from prometheus_client.registry import CollectorRegistry
 
 from glm53 import cli
 from glm53.commands.exporter import build_parser, build_registry
+from tests.support.exporter_fakes import copy_logs, free_port
 
 
 @contextmanager

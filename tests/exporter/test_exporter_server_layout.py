@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from exporter_fakes import LMCACHE_PAGE, VLLM_PAGE, VLLM_URL, FakeUpstreams, copy_logs, with_value
 from prometheus_client.registry import CollectorRegistry
 
 from glm53.exporter import names
@@ -14,6 +13,7 @@ from glm53.exporter.collector import Glm53Collector, Upstream
 from glm53.exporter.facts import LogWatch
 from glm53.exporter.upstream import REASON_UNREACHABLE, UpstreamError
 from glm53.profiles import get_profile
+from tests.support.exporter_fakes import LMCACHE_PAGE, VLLM_PAGE, VLLM_URL, FakeUpstreams, copy_logs, with_value
 
 SERVER_URLS = [f"http://127.0.0.1:{8090 + i}/metrics" for i in range(4)]
 HIT = "lmcache_mp_lookup_hit_tokens_total"

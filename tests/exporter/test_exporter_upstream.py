@@ -5,8 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from exporter_fakes import FIXTURES, LMCACHE_PAGE, VLLM_PAGE, free_port, http_pages, silent_listener, with_value
-from real_lmcache import capture
 
 from glm53.errors import Glm53Error
 from glm53.exporter.upstream import (
@@ -19,6 +17,16 @@ from glm53.exporter.upstream import (
     restarted,
     scrape,
 )
+from tests.support.exporter_fakes import (
+    FIXTURES,
+    LMCACHE_PAGE,
+    VLLM_PAGE,
+    free_port,
+    http_pages,
+    silent_listener,
+    with_value,
+)
+from tests.support.real_lmcache import capture
 
 
 def test_a_metrics_page_is_scraped_and_summed_over_label_sets() -> None:

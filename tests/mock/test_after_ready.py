@@ -19,7 +19,17 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from mockproc import (
+
+from glm53.errors import Glm53Error
+from glm53.mock import logs, openai_api
+from glm53.mock.connector import ConnectorConfig, parse_connector_config
+from glm53.mock.engine import Engine, EngineSettings, LoadFailed, Prompt
+from glm53.mock.kv_client import KVClient, KVLayout
+from glm53.mock.local_cache import LocalPrefixCache
+from glm53.mock.logs import VllmFormatter, VllmLogger
+from glm53.mock.model import ComputeCost
+from glm53.mock.vllm_metrics import VllmMetrics
+from tests.support.mockproc import (
     GLM53_MODEL,
     cached_after_priming,
     complete,
@@ -31,16 +41,6 @@ from mockproc import (
     serving,
     with_load_failure_policy,
 )
-
-from glm53.errors import Glm53Error
-from glm53.mock import logs, openai_api
-from glm53.mock.connector import ConnectorConfig, parse_connector_config
-from glm53.mock.engine import Engine, EngineSettings, LoadFailed, Prompt
-from glm53.mock.kv_client import KVClient, KVLayout
-from glm53.mock.local_cache import LocalPrefixCache
-from glm53.mock.logs import VllmFormatter, VllmLogger
-from glm53.mock.model import ComputeCost
-from glm53.mock.vllm_metrics import VllmMetrics
 
 INTERNAL_ERROR = {
     "error": {"message": "Internal server error", "type": "InternalServerError", "param": None, "code": 500}

@@ -1,5 +1,5 @@
 """The engine stand-in's pure parts: the connector's vLLM-side rules, the log format, caches, the model, the API; and
-how tests run one server alone (`glm53.sidecar.serving`)."""
+how tests run one server alone (`glm53.testing.sidecar.serving`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from glm53.errors import Glm53Error
-from glm53.loopback import free_ports
 from glm53.mock import model, openai_api
 from glm53.mock.connector import KVEventsConfig, parse_connector_config, parse_kv_events_config
 from glm53.mock.engine import Outcome, tokens_to_load
@@ -20,8 +19,9 @@ from glm53.mock.local_cache import LocalPrefixCache, block_hashes
 from glm53.mock.logs import VllmFormatter
 from glm53.mock.runtime import stop_on_signals
 from glm53.mock.vllm_server import chunk_misfit, engine_groups, unified_block_size
+from glm53.pod.loopback import free_ports
 from glm53.profiles import get_profile
-from glm53.sidecar import serving
+from glm53.testing.sidecar import serving
 from glm53.validate.prompts import document_qa_prompt
 
 FLASH_GROUPS = (1152, 1152, 1152, 1152, 1152, 0)

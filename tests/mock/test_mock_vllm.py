@@ -11,7 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mockproc import (
+
+from glm53.mock import logs
+from tests.support.mockproc import (
     DEADLINE,
     FLASH_MODEL,
     GLM53_MODEL,
@@ -29,8 +31,6 @@ from mockproc import (
     reset,
     vllm_args,
 )
-
-from glm53.mock import logs
 
 pytestmark = pytest.mark.slow
 

@@ -41,7 +41,8 @@ def test_toolkit_modules_including_the_stand_ins_command_import_neither() -> Non
     code = (
         "import sys\n"
         "import glm53.cli, glm53.commands.probe, glm53.commands.exporter, glm53.commands.mock, glm53.commands.pod\n"
-        "import glm53.exporter.server, glm53.pod, glm53.sidecar, glm53.mock.vllm_server, glm53.mock.engine\n"
+        "import glm53.exporter.server, glm53.pod.main_job, glm53.testing.sidecar\n"
+        "import glm53.mock.vllm_server, glm53.mock.engine\n"
         f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

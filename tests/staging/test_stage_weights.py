@@ -16,15 +16,15 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from stagekit import REPO, WEIGHTS, layout, one_line, same_files, stage, start, wait_for
 
-from glm53.loopback import free_ports
+from glm53.pod.loopback import free_ports
 from glm53.staging.layout import read_marker
-from glm53.staging.standin import HostedRepo, HubStandIn
 from glm53.staging.status import EXIT_DONE, EXIT_FAILED, EXIT_NOT_YET, read_status
+from glm53.testing.hub_standin import HostedRepo, HubStandIn
+from tests.support.stagekit import REPO, WEIGHTS, layout, one_line, same_files, stage, start, wait_for
 
 # The tiny model and the hub stand-in serving it (fixtures `tiny_dense`, `hosted`, `hub`), shared with the pod test.
-pytest_plugins = ["stagekit"]
+pytest_plugins = ["tests.support.stagekit"]
 
 
 def snapshot(cache: Path, hosted: HostedRepo) -> Path:
@@ -37,12 +37,26 @@ def weights_blob(cache: Path, hosted: HostedRepo) -> Path:
     return layout(cache).blob(sha256)
 
 
+def stage_ok(cache: Path, endpoint: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    """A stage run that must succeed; its output is the failure message."""
+    result = stage(cache, endpoint, *extra)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+@pytest.fixture
+def staged(hub: HubStandIn, tmp_path: Path) -> Path:
+    """A cache the stage step has filled once from `hub`: where every restart and repair case starts."""
+    cache = tmp_path / "hub"
+    assert stage(cache, hub.endpoint).returncode == 0
+    return cache
+
+
 def test_the_real_client_stages_verifies_and_marks_the_tiny_model(
     hub: HubStandIn, hosted: HostedRepo, tiny_dense: Path, tmp_path: Path
 ) -> None:
     cache = tmp_path / "hub"
-    result = stage(cache, hub.endpoint)
-    assert result.returncode == 0, result.stdout + result.stderr
+    result = stage_ok(cache, hub.endpoint)
     assert f"done: {REPO}@main (commit {hosted.commit[:12]}): 6 files" in result.stdout
     assert "verified 6.52 MiB" in result.stdout
     folder = snapshot(cache, hosted)
@@ -67,15 +81,11 @@ def test_the_real_client_stages_verifies_and_marks_the_tiny_model(
     assert check.stdout.strip() == str(folder)
 
 
-def test_a_restart_with_the_marker_downloads_nothing_even_without_the_hub(
-    hub: HubStandIn, hosted: HostedRepo, tiny_dense: Path, tmp_path: Path
-) -> None:
-    cache = tmp_path / "hub"
-    assert stage(cache, hub.endpoint).returncode == 0
+def test_a_restart_with_the_marker_downloads_nothing_even_without_the_hub(hub: HubStandIn, staged: Path) -> None:
+    cache = staged
     requests = len(hub.served.requests)
     (port,) = free_ports(1)  # nothing listens there: a rolling update with the hub out of reach
-    again = stage(cache, f"http://127.0.0.1:{port}")
-    assert again.returncode == 0, again.stderr
+    again = stage_ok(cache, f"http://127.0.0.1:{port}")
     assert "checked (sizes) against the completion marker" in again.stdout and "nothing downloaded" in again.stdout
     assert len(hub.served.requests) == requests
     full = stage(cache, hub.endpoint, "--reverify", "full")
@@ -100,8 +110,7 @@ def test_a_sigkill_mid_file_resumes_with_a_range_request(
     size = hosted.files[WEIGHTS].size
     assert 0 < kept < size and not blob.exists()
     hub.faults.throttle_bytes_per_s = None
-    result = stage(cache, hub.endpoint)
-    assert result.returncode == 0, result.stdout + result.stderr
+    result = stage_ok(cache, hub.endpoint)
     assert f"{WEIGHTS}: resuming after" in result.stdout
     path = f"/lfs/{hosted.files[WEIGHTS].sha256}"
     assert hub.served.ranges(path)[-1] == f"bytes={kept}-"  # the real client's Range, from where the kill left it
@@ -110,15 +119,13 @@ def test_a_sigkill_mid_file_resumes_with_a_range_request(
 
 
 def test_a_truncated_file_is_found_by_its_size_and_resumed(
-    hub: HubStandIn, hosted: HostedRepo, tiny_dense: Path, tmp_path: Path
+    hub: HubStandIn, hosted: HostedRepo, tiny_dense: Path, staged: Path
 ) -> None:
-    cache = tmp_path / "hub"
-    assert stage(cache, hub.endpoint).returncode == 0
+    cache = staged
     blob = weights_blob(cache, hosted)
     half = blob.stat().st_size // 2
     os.truncate(blob, half)
-    result = stage(cache, hub.endpoint)
-    assert result.returncode == 0, result.stdout + result.stderr
+    result = stage_ok(cache, hub.endpoint)
     assert f"1 of 6 staged files no longer match the completion marker: {WEIGHTS} ({half} bytes" in result.stdout
     assert hub.served.ranges(f"/lfs/{hosted.files[WEIGHTS].sha256}")[-1] == f"bytes={half}-"
     assert "verified 6.26 MiB" in result.stdout  # only the file that changed is hashed again
@@ -126,31 +133,27 @@ def test_a_truncated_file_is_found_by_its_size_and_resumed(
 
 
 def test_a_deleted_snapshot_link_is_relinked_without_a_download(
-    hub: HubStandIn, hosted: HostedRepo, tiny_dense: Path, tmp_path: Path
+    hub: HubStandIn, hosted: HostedRepo, tiny_dense: Path, staged: Path
 ) -> None:
-    cache = tmp_path / "hub"
-    assert stage(cache, hub.endpoint).returncode == 0
+    cache = staged
     layout(cache).pointer(hosted.commit, WEIGHTS).unlink()  # the blob stays
     served = dict(hub.served.content_bytes)
-    result = stage(cache, hub.endpoint)
-    assert result.returncode == 0, result.stdout + result.stderr
+    result = stage_ok(cache, hub.endpoint)
     assert f"no longer match the completion marker: {WEIGHTS} (missing)" in result.stdout
     assert hub.served.content_bytes == served and "downloaded 0 B" in result.stdout
     assert same_files(tiny_dense, snapshot(cache, hosted))
 
 
 def test_a_corrupted_file_is_found_by_its_hash_and_fetched_again(
-    hub: HubStandIn, hosted: HostedRepo, tiny_dense: Path, tmp_path: Path
+    hub: HubStandIn, hosted: HostedRepo, tiny_dense: Path, staged: Path
 ) -> None:
-    cache = tmp_path / "hub"
-    assert stage(cache, hub.endpoint).returncode == 0
+    cache = staged
     blob = weights_blob(cache, hosted)
     data = bytearray(blob.read_bytes())
     data[len(data) // 3] ^= 0x01  # one bit, same size: only a hash sees it
     blob.write_bytes(bytes(data))
     served_before = hub.served.content_bytes[WEIGHTS]
-    result = stage(cache, hub.endpoint, "--reverify", "full")
-    assert result.returncode == 0, result.stdout + result.stderr
+    result = stage_ok(cache, hub.endpoint, "--reverify", "full")
     expected = hosted.files[WEIGHTS].sha256
     assert expected is not None
     assert f"{WEIGHTS} (sha256 " in result.stdout and f"the hub lists {expected[:12]}): deleting it" in result.stdout
@@ -167,8 +170,7 @@ def test_an_engine_downloaded_cache_is_adopted_by_hashing_not_downloading(
     env = {**os.environ, "HF_ENDPOINT": hub.endpoint, "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
     subprocess.run([sys.executable, "-c", fill], check=True, env=env, timeout=60, capture_output=True)
     served = dict(hub.served.content_bytes)
-    result = stage(cache, hub.endpoint)
-    assert result.returncode == 0, result.stdout + result.stderr
+    result = stage_ok(cache, hub.endpoint)
     assert hub.served.content_bytes == served  # nothing fetched again
     assert "downloaded 0 B" in result.stdout and "verified 6.52 MiB" in result.stdout
     assert read_marker(layout(cache), "main") is not None

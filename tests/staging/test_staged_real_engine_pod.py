@@ -21,18 +21,19 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from stagekit import REPO, stage
 
-from glm53.pod import ENGINE, PodOptions, render_plans, started_pod
+from glm53.pod.contract import ENGINE_CONTAINER
+from glm53.pod.main_job import PodOptions, render_plans, started_pod
 from glm53.profiles import get_profile
-from glm53.staging.standin import HostedRepo, HubStandIn
 from glm53.staging.status import EXIT_DONE, read_status
+from glm53.testing.hub_standin import HostedRepo, HubStandIn
+from tests.support.stagekit import REPO, stage
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 # The engine's start-up takes 77 s on 2 idle cores (about 2 minutes before -O0), over 5 with other work running.
 STARTUP_ATTEMPTS = 900
 # The tiny model and the hub stand-in serving it (fixtures `tiny_dense`, `hosted`, `hub`), shared with the stage tests.
-pytest_plugins = ["stagekit"]
+pytest_plugins = ["tests.support.stagekit"]
 
 
 def _completion(base_url: str) -> dict[str, object]:
@@ -57,7 +58,7 @@ def test_the_real_engine_pod_loads_offline_from_the_staged_volume(
     names = [c.name for c in plans.serving.containers]
     assert names[:2] == ["stage-weights", "lmcache"] and "tiny-model" not in names
     assert plans.serving.containers[0].sidecar
-    assert dict(plans.serving.container(ENGINE).env)["HF_HUB_OFFLINE"] == "1"
+    assert dict(plans.serving.container(ENGINE_CONTAINER).env)["HF_HUB_OFFLINE"] == "1"
 
     # The hub's request count when the stage step reported done: nothing may reach the hub after that.
     status = tmp_path / "logs" / "stage" / "status.json"
@@ -75,7 +76,7 @@ def test_the_real_engine_pod_loads_offline_from_the_staged_volume(
     try:
         with started_pod(plans, tmp_path, lines.append) as pod:
             assert list(pod.startup_seconds)[:2] == ["stage-weights", "lmcache"]  # staged before the sidecar started
-            answer = _completion(f"http://127.0.0.1:{pod.plan.container(ENGINE).port('http')}")
+            answer = _completion(f"http://127.0.0.1:{pod.plan.container(ENGINE_CONTAINER).port('http')}")
             assert answer["choices"] and answer["model"] == REPO
             requests_at_end = len(hub.served.requests)
     finally:

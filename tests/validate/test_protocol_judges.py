@@ -11,6 +11,7 @@ import pytest
 from glm53.chunks import loaded_tokens
 from glm53.validate.prompts import boundary_lengths
 from glm53.validate.protocol import (
+    BoundaryResult,
     BoundaryRow,
     PerfSample,
     RunSample,
@@ -71,6 +72,13 @@ def exact(chunk: int, strict: bool) -> list[BoundaryRow]:
     ]
 
 
+def judged_with(chunk: int, strict: bool, index: int, row: BoundaryRow) -> BoundaryResult:
+    """The boundary verdict on rows that meet the bound everywhere except row `index`, which measured `row`."""
+    rows = exact(chunk, strict)
+    rows[index] = row
+    return judge_boundary(chunk, strict, rows)
+
+
 @pytest.mark.parametrize(("chunk", "strict"), [(1152, True), (256, False)])
 def test_boundary_passes_when_every_hit_is_the_bound(chunk: int, strict: bool) -> None:
     assert judge_boundary(chunk, strict, exact(chunk, strict)).passed
@@ -91,9 +99,7 @@ def test_a_full_prompt_hit_of_glm53_loads_one_token_fewer() -> None:
 
 
 def test_a_full_prompt_hit_served_in_full_is_refused_and_explained() -> None:
-    rows = exact(256, False)
-    rows[4] = BoundaryRow(512, 511, 512, 512)
-    assert judge_boundary(256, False, rows).failures == (
+    assert judged_with(256, False, 4, BoundaryRow(512, 511, 512, 512)).failures == (
         "512 tokens served from LMCache for a 512-token prompt; at most 511 may be (only whole 256-token chunks are "
         "stored, less the last prompt token, which vLLM recomputes on a full-prompt hit)",
     )
@@ -106,34 +112,26 @@ def test_the_strict_prefix_never_sees_a_full_prompt_hit() -> None:
 
 def test_recovery_mismatch_is_a_strict_prefix_violation() -> None:
     """Seed 004: a complete hit restored the whole prompt although the last token must be recomputed."""
-    rows = exact(1152, True)
-    rows[4] = BoundaryRow(2304, 1152, 2304, 2304)
-    result = judge_boundary(1152, True, rows)
-    assert result.failures == (
+    assert judged_with(1152, True, 4, BoundaryRow(2304, 1152, 2304, 2304)).failures == (
         "strict-prefix violation: 2304 tokens served from LMCache for a 2304-token prompt; at most 1152 may be (the "
         "last prompt token must be recomputed) — the recovery mismatch of seed 004",
     )
 
 
 def test_a_violation_seen_only_in_usage_still_counts() -> None:
-    rows = exact(1152, True)
-    rows[1] = BoundaryRow(1152, 0, 0, 1152)
-    assert judge_boundary(1152, True, rows).failures[0].startswith("strict-prefix violation: 1152 tokens served")
+    failures = judged_with(1152, True, 1, BoundaryRow(1152, 0, 0, 1152)).failures
+    assert failures[0].startswith("strict-prefix violation: 1152 tokens served")
 
 
 def test_excess_for_single_group_model_names_whole_chunks() -> None:
-    rows = exact(256, False)
-    rows[0] = BoundaryRow(255, 0, 255, None)
-    assert judge_boundary(256, False, rows).failures == (
+    assert judged_with(256, False, 0, BoundaryRow(255, 0, 255, None)).failures == (
         "255 tokens served from LMCache for a 255-token prompt; at most 0 may be (only whole 256-token chunks are "
         "stored)",
     )
 
 
 def test_fewer_tokens_than_the_bound_is_a_failure() -> None:
-    rows = exact(1152, True)
-    rows[8] = BoundaryRow(3457, 3456, 0, 0)
-    assert judge_boundary(1152, True, rows).failures == (
+    assert judged_with(1152, True, 8, BoundaryRow(3457, 3456, 0, 0)).failures == (
         "only 0 tokens served from LMCache for a 3457-token prompt where 3456 should be (whole 1152-token chunks); "
         "the cache is not paying off",
     )

@@ -6,12 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
-from validate_fakes import run_glm53
 
-from glm53.loopback import quiet
-from glm53.pod import PodAddresses, PodOptions, render_plans, started_pod
+from glm53.pod.loopback import quiet
+from glm53.pod.main_job import PodAddresses, PodOptions, render_plans, started_pod
 from glm53.profiles import get_profile
 from glm53.validate.prompts import document_qa_prompt
+from tests.support.validate_fakes import run_glm53
 
 
 @pytest.mark.slow

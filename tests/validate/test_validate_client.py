@@ -6,11 +6,11 @@ import json
 import socket
 
 import pytest
-from validate_fakes import METRICS, MODELS, RESET_OK, Canned, error_line, fake_server, run_glm53
 
 import glm53.validate.client as client_module
 from glm53.errors import Glm53Error
 from glm53.validate.client import VllmClient
+from tests.support.validate_fakes import METRICS, MODELS, RESET_OK, Canned, error_line, fake_server, run_glm53
 
 
 def closed_port() -> int:

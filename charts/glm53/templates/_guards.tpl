@@ -138,7 +138,7 @@ flags into positionals). Call with (dict "key" VALUES-PATH "args" LIST "owned" O
 {{- end }}
 
 {{- if and .Values.mock.enabled (include "glm53.lmcacheNegotiates" .) (not (include "glm53.realCpuEngine" .)) }}
-{{- fail (printf "mock.engine=standin with lmcache.generation=%s: the engine stand-in is held only to LMCache 0.5.6's connector (tests/test_standin_conformance.py); set mock.engine=vllm with a tiny profile (tiny-dense, tiny-hybrid), or lmcache.generation=0.5.6" $l.generation) }}
+{{- fail (printf "mock.engine=standin with lmcache.generation=%s: the engine stand-in is held only to LMCache 0.5.6's connector (tests/mock/test_standin_conformance.py); set mock.engine=vllm with a tiny profile (tiny-dense, tiny-hybrid), or lmcache.generation=0.5.6" $l.generation) }}
 {{- end }}
 
 {{- if and (include "glm53.lmcacheApiKey" .) (not (include "glm53.lmcacheNegotiates" .)) }}

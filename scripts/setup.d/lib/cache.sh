@@ -8,6 +8,9 @@
 # at once build it once. Each setup script still checks its tool answers on every run.
 set -euo pipefail  # the sourcing scripts' mode, which cached_venv's builders rely on
 
+# The pip every tool environment is upgraded to first (part of each environment's inputs).
+GLM53_PIP_PIN="pip==25.3"
+
 glm53_cache_dir() {
     printf '%s\n' "${GLM53_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/glm53}"
 }
@@ -35,4 +38,24 @@ cached_venv() {
     ln -sfn "$dir" "$link"
     # shellcheck disable=SC2034  # the sourcing script reads it
     CACHED_VENV="$dir"
+}
+
+# new_venv WHO DIR: a fresh virtual environment at DIR, made by $PYTHON (default python3.11), with pip at
+# GLM53_PIP_PIN; the first step of cached_venv's Python builders. WHO, the calling script, names the failure when that
+# Python is missing.
+new_venv() {
+    local who="$1" dir="$2" python="${PYTHON:-python3.11}"
+    if ! command -v "$python" >/dev/null 2>&1; then
+        echo "$who: $python not found; install Python 3.11 or set PYTHON=/path/to/python3.11" >&2
+        exit 1
+    fi
+    "$python" -m venv "$dir"
+    venv_install "$dir" "$GLM53_PIP_PIN"
+}
+
+# venv_install DIR ARGS...: `pip install ARGS` into the environment at DIR, quietly.
+venv_install() {
+    local dir="$1"
+    shift
+    "$dir/bin/python" -m pip install --quiet --disable-pip-version-check "$@"
 }

@@ -1,4 +1,4 @@
-"""`glm53 faults`: the sidecar's faults on the chart's CPU pod, under load; one table per setting (glm53.faults).
+"""`glm53 faults`: the sidecar's faults on the chart's CPU pod, under load; one table per setting (glm53.pod.faults).
 
 Exit 0 when, with the chart's settings, every fault ended with no failed and no hung request and LMCache's hits back
 within HITS_BACK_BOUND_S; 1 otherwise; 2 for usage errors. Upstream's defaults are measured for comparison only: their
@@ -15,10 +15,11 @@ from dataclasses import asdict
 
 from glm53.commands.session import add_session_arguments, session
 from glm53.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Glm53Error
-from glm53.faults.load import LoadShape
-from glm53.faults.suite import FAULTS, SETTINGS, START_FAULTS, SuiteOptions, parse_faults, run_suite
-from glm53.faults.table import FaultRow, format_table
-from glm53.pod import ENGINES, engine_and_profile, say_to
+from glm53.pod.contract import ENGINES
+from glm53.pod.faults.load import LoadShape
+from glm53.pod.faults.suite import FAULTS, SETTINGS, START_FAULTS, SuiteOptions, parse_faults, run_suite
+from glm53.pod.faults.table import FaultRow, format_table
+from glm53.pod.main_job import engine_and_profile, say_to
 from glm53.profiles import PROFILES
 
 # The bound the chart's settings are held to, from the sidecar answering again (its restart held 25 s, then its own

@@ -11,23 +11,15 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from glm53.commands.argtypes import positive_int
 from glm53.commands.session import add_session_arguments, session
 from glm53.errors import EXIT_FAILURE, EXIT_OK
-from glm53.fleet import DEFAULT_POLICY, POLICIES, PREFIX_AFFINE, FleetSpec, running_fleet, validate_fleet
-from glm53.pod import ENGINES, engine_and_profile, say_to
+from glm53.pod.contract import ENGINES
+from glm53.pod.fleet import DEFAULT_POLICY, POLICIES, PREFIX_AFFINE, FleetSpec, running_fleet, validate_fleet
+from glm53.pod.main_job import engine_and_profile, say_to
 from glm53.profiles import PROFILES
 from glm53.validate.progress import Progress
 from glm53.validate.report import render_text, write_json
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run N CPU-mock pods (each its own LMCache server and engine stand-in) behind the vLLM project's "
         "router on loopback, validate the fleet through the router (equivalence, boundary) and stop it all.",
     )
-    parser.add_argument("--replicas", type=_positive, default=3, help="number of pods (default 3)")
+    parser.add_argument("--replicas", type=positive_int, default=3, help="number of pods (default 3)")
     parser.add_argument(
         "--router",
         default=DEFAULT_POLICY,

@@ -9,10 +9,10 @@ there is no LMCache stand-in.
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Sequence
 from typing import Any
 
+from glm53.commands.argtypes import json_object, positive_int
 from glm53.mock import vllm_server
 from glm53.mock.connector import parse_connector_config, parse_kv_events_config
 from glm53.mock.engine import FAULTS
@@ -22,33 +22,13 @@ from glm53.profiles import PROFILES, get_profile
 DEFAULT_MAX_MODEL_LEN = 131_072
 
 
-def _json_object(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise argparse.ArgumentTypeError(f"invalid JSON ({error.msg}): {text!r}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
 def _add_vllm(subparsers: Any) -> None:
     p = subparsers.add_parser("vllm", help="stand-in for `vllm serve` with the LMCache MP connector")
     p.add_argument("model", help="model id, e.g. zai-org/GLM-5.3-Flash")
     p.add_argument("--profile", choices=tuple(PROFILES), required=True, help="which model profile to emulate")
     p.add_argument("--host", default="127.0.0.1", help="API host (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="API port (default 8000)")
-    p.add_argument("--tensor-parallel-size", type=_positive_int, required=True)
+    p.add_argument("--tensor-parallel-size", type=positive_int, required=True)
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument(
         "--enable-prompt-tokens-details",
@@ -65,15 +45,15 @@ def _add_vllm(subparsers: Any) -> None:
         action="store_true",
         help="serve /v1/completions/render and /v1/chat/completions/render (vLLM answers 403 there without it)",
     )
-    p.add_argument("--limit-mm-per-prompt", type=_json_object)
+    p.add_argument("--limit-mm-per-prompt", type=json_object)
     p.add_argument("--tokenizer-mode")
     p.add_argument("--tool-call-parser")
     p.add_argument("--reasoning-parser")
-    p.add_argument("--speculative-config", type=_json_object)
+    p.add_argument("--speculative-config", type=json_object)
     p.add_argument("--kv-cache-dtype", choices=("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"), default="auto")
     p.add_argument("--served-model-name", help="name clients use (default: the model id)")
-    p.add_argument("--max-model-len", type=_positive_int, default=DEFAULT_MAX_MODEL_LEN)
-    p.add_argument("--num-gpu-blocks-override", type=_positive_int, help="local prefix-cache capacity in blocks")
+    p.add_argument("--max-model-len", type=positive_int, default=DEFAULT_MAX_MODEL_LEN)
+    p.add_argument("--num-gpu-blocks-override", type=positive_int, help="local prefix-cache capacity in blocks")
     p.add_argument("--load-seconds", type=float, default=2.0, help="simulated model load time (default 2)")
     p.add_argument("--fault", choices=FAULTS, help="inject a known failure (recovery-mismatch: seed 004)")
     p.add_argument("--seed", type=int, default=0, help="seed of the first-token log-prob noise (default 0)")

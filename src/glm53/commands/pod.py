@@ -15,11 +15,9 @@ from collections.abc import Sequence
 from glm53.commands.session import add_session_arguments, session
 from glm53.errors import EXIT_FAILURE, EXIT_OK
 from glm53.mock.engine import FAULTS
-from glm53.pod import (
-    DEFAULT_LMCACHE_GENERATION,
+from glm53.pod.contract import DEFAULT_LMCACHE_GENERATION, ENGINES, LMCACHE_GENERATIONS
+from glm53.pod.main_job import (
     DEFAULT_REAL_PROFILE,
-    ENGINES,
-    LMCACHE_GENERATIONS,
     PodOptions,
     engine_and_profile,
     render_plans,

@@ -1,11 +1,11 @@
 """`glm53 probe startup`: the kubelet's startup probe, exit 0 only once the cache geometry is the one the model needs.
 
-This is the I/O edge around `glm53.probe`: it follows each log from where the previous invocation stopped (a small
+This is the I/O edge around `glm53.probe.judge`: it follows each log from where the previous invocation stopped (a small
 state file per log keeps the position and the facts already learned), feeds the new lines to the parser and prints the
 verdict as one line. It runs every few seconds for the whole model load, so it imports only the standard library and
 glm53's own pure modules, and its cost depends on the bytes added since last time, not on the log's size.
 With `--warm-up URL`, a right geometry is only Ready once the engine answered one request through its sidecar
-(`glm53.warmup`: it starts the connector's heartbeats, which LMCache starts lazily).
+(`glm53.probe.warmup`: it starts the connector's heartbeats, which LMCache starts lazily).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import binascii
 import json
-import math
 import os
 import time
 from collections.abc import Sequence
@@ -21,12 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from glm53.chunks import parse_positive
-from glm53.errors import Glm53Error, positive_float
-from glm53.logparse import parse_lines
-from glm53.logtail import LogFollower, TailPosition
-from glm53.probe import StartupFacts, Status, Verdict, evaluate
+from glm53.commands.argtypes import non_negative_seconds, positive_float
+from glm53.errors import Glm53Error
+from glm53.probe.judge import StartupFacts, Status, Verdict, evaluate
+from glm53.probe.logparse import parse_lines
+from glm53.probe.logtail import LogFollower, TailPosition
+from glm53.probe.warmup import WarmUp, send
 from glm53.profiles import PROFILES, ModelProfile, get_profile
-from glm53.warmup import WarmUp, send
 
 # Read a backlog in batches of this many bytes so memory stays flat on a multi-gigabyte first scan; the state is saved
 # after each batch.
@@ -60,7 +60,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     startup.add_argument(
         "--time-budget",
-        type=_time_budget,
+        type=non_negative_seconds("0: no limit"),
         default=_DEFAULT_TIME_BUDGET,
         metavar="SECONDS",
         help=f"stop reading after this long and continue next time (default {_DEFAULT_TIME_BUDGET}; 0: no limit)",
@@ -87,17 +87,6 @@ def _build_parser() -> argparse.ArgumentParser:
         help="where positions and facts are kept (default: .probe/ beside the first log)",
     )
     return parser
-
-
-def _time_budget(text: str) -> float:
-    """Seconds, finite and not negative (nan would silently mean "no limit", inf never stops)."""
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    if not math.isfinite(seconds) or seconds < 0:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0 (0: no limit), got {text!r}")
-    return seconds
 
 
 def _positive_option(text: str | None, option: str, default: int) -> int:

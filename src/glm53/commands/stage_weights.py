@@ -20,28 +20,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from glm53.errors import EXIT_OK, Glm53Error, positive_float
+from glm53.commands.argtypes import optional_port, positive_float, positive_int
+from glm53.errors import EXIT_OK, Glm53Error
 from glm53.staging.status import read_status
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
-    return value
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port from 0 (none) to 65535, got {text!r}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--endpoint", help="the hub's URL (default: $HF_ENDPOINT, else https://huggingface.co)")
     run.add_argument("--token-file", type=Path, help="a file holding the hub token (the mounted Secret)")
-    run.add_argument("--max-workers", type=_positive_int, default=8, help="files fetched at once (default 8)")
+    run.add_argument("--max-workers", type=positive_int, default=8, help="files fetched at once (default 8)")
     run.add_argument(
         "--reverify",
         choices=("sizes", "full"),
@@ -75,7 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--progress-seconds", type=positive_float, default=30.0, help="seconds between progress lines (default 30)"
     )
-    run.add_argument("--metrics-port", type=_port, default=0, help="serve Prometheus metrics on this port (0: none)")
+    run.add_argument(
+        "--metrics-port", type=optional_port, default=0, help="serve Prometheus metrics on this port (0: none)"
+    )
     run.add_argument("--metrics-host", default="127.0.0.1", help="address the metrics bind (default 127.0.0.1)")
     run.add_argument(
         "--keep-running",

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from glm53.errors import non_negative_float, positive_float
+from glm53.commands.argtypes import non_negative_seconds, positive_float
 from glm53.supervise import MIB, supervise
 
 DEFAULT_MAX_LOG_MB = 100.0
@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--hold-after-restart",
-        type=non_negative_float,
+        type=non_negative_seconds("0: never"),
         default=0.0,
         metavar="SECONDS",
         help="when this container starts again in the same pod (counted next to --log), wait this long before the "

@@ -1,10 +1,11 @@
 """The exporter's log side: follow the logs incrementally and turn what they said at start-up into facts to export.
 
-It reuses the startup probe's pieces rather than parsing logs a second way: `glm53.logtail.LogFollower` hands out only
-the lines appended since the previous scrape (so a scrape costs the new bytes, not the log's size, and survives
-`glm53 supervise`'s rotation), `glm53.logparse` recognises the records, `glm53.probe.StartupFacts` accumulates them and
-`glm53.probe.evaluate` gives the same verdict the kubelet's probe gives. The followers' positions live in memory only:
-a restarted exporter reads the logs again from their start once, which is what rebuilds its facts.
+It reuses the startup probe's pieces rather than parsing logs a second way: `glm53.probe.logtail.LogFollower` hands out
+only the lines appended since the previous scrape (so a scrape costs the new bytes, not the log's size, and survives
+`glm53 supervise`'s rotation), `glm53.probe.logparse` recognises the records, `glm53.probe.judge.StartupFacts`
+accumulates them and `glm53.probe.judge.evaluate` gives the same verdict the kubelet's probe gives. The followers'
+positions live in memory only: a restarted exporter reads the logs again from their start once, which is what rebuilds
+its facts.
 
 One fact the probe does not need is measured here: how long vLLM took from its first log line to the geometry line.
 vLLM stamps its own lines `INFO 11-29 07:00:01` (no year, second resolution; vllm 0.33.0 vllm/logger.py); the geometry
@@ -22,9 +23,9 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from glm53.chunks import required_alignment
-from glm53.logparse import CONNECTOR_EVENTS, ConnectorEvent, Record, ResolvedGeometry, RunStarted, parse_line
-from glm53.logtail import LogFollower
-from glm53.probe import GeometryFact, NegotiatedFact, StartupFacts, Status, evaluate
+from glm53.probe.judge import GeometryFact, NegotiatedFact, StartupFacts, Status, evaluate
+from glm53.probe.logparse import CONNECTOR_EVENTS, ConnectorEvent, Record, ResolvedGeometry, RunStarted, parse_line
+from glm53.probe.logtail import LogFollower
 from glm53.profiles import ModelProfile
 
 # The probe's statuses as label values: ready, not_yet, wrong.

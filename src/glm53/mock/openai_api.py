@@ -5,7 +5,8 @@ engine's `Outcome`. Prompts follow the stand-in's tokenizer rule: a string is on
 list of integers is used as token ids as-is, and chat messages are joined by newlines. `usage` carries
 `prompt_tokens_details.cached_tokens` (local plus external hits) only when the server runs with
 `--enable-prompt-tokens-details`, as vLLM does. The context-length rules, error messages and completion shapes are
-vLLM 0.33's (tests/test_standin_conformance.py holds them to the real engine); where 0.32 differs, the code says so.
+vLLM 0.33's (tests/mock/test_standin_conformance.py holds them to the real engine); where 0.32 differs, the code says
+so.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ Counters are declared without `_total`; prometheus_client appends it on expositi
 `vllm:request_success_total`; gauges `vllm:kv_cache_usage_perc`, `vllm:num_requests_running`; histograms
 `vllm:time_to_first_token_seconds`, `vllm:e2e_request_latency_seconds`.
 Every series carries vLLM's `model_name` and `engine` labels, `vllm:request_success` also `finished_reason`; the
-documentation strings and bucket boundaries are vLLM's (tests/test_standin_conformance.py compares them with the real
-engine's page).
+documentation strings and bucket boundaries are vLLM's (tests/mock/test_standin_conformance.py compares them with the
+real engine's page).
 """
 
 from __future__ import annotations
@@ -46,6 +46,12 @@ class VllmMetrics:
         def counter(name: str, documentation: str) -> Counter:
             return Counter(name, documentation, LABELS, registry=self.registry).labels(**values)
 
+        def gauge(name: str, documentation: str) -> Gauge:
+            return Gauge(name, documentation, LABELS, registry=self.registry).labels(**values)
+
+        def histogram(name: str, documentation: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, documentation, LABELS, buckets=buckets, registry=self.registry).labels(**values)
+
         self.prefix_queries = counter(
             "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."
         )  # loggers.py:662
@@ -78,28 +84,14 @@ class VllmMetrics:
         by_reason = {reason: success.labels(**values, finished_reason=reason) for reason in FINISHED_REASONS}
         self.request_success = by_reason[FINISHED_BY_LENGTH]
         self.request_error = by_reason[FINISHED_BY_ERROR]
-        usage = Gauge(
-            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", LABELS, registry=self.registry
-        )  # loggers.py:620
-        usage.labels(**values).set_function(cache_usage)
-        running = Gauge(
-            "vllm:num_requests_running",
-            "Number of requests in model execution batches.",
-            LABELS,
-            registry=self.registry,
+        usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")  # loggers.py:620
+        usage.set_function(cache_usage)
+        self.running = gauge(
+            "vllm:num_requests_running", "Number of requests in model execution batches."
         )  # loggers.py:528
-        self.running = running.labels(**values)
-        self.ttft = Histogram(
-            "vllm:time_to_first_token_seconds",
-            "Histogram of time to first token in seconds.",
-            LABELS,
-            buckets=TTFT_BUCKETS,
-            registry=self.registry,
-        ).labels(**values)  # loggers.py:931
-        self.e2e = Histogram(
-            "vllm:e2e_request_latency_seconds",
-            "Histogram of e2e request latency in seconds.",
-            LABELS,
-            buckets=E2E_BUCKETS,
-            registry=self.registry,
-        ).labels(**values)  # loggers.py:961
+        self.ttft = histogram(
+            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS
+        )  # loggers.py:931
+        self.e2e = histogram(
+            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", E2E_BUCKETS
+        )  # loggers.py:961

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from glm53.errors import Glm53Error
 from glm53.validate.client import Completion
 from glm53.validate.prompts import document_qa_prompt, prompt_words, token_id_prompt
-from glm53.validate.protocol import Shape, Target
+from glm53.validate.protocol import CheckResult, Shape, Target
 from glm53.validate.stats import WelchResult, welch_t_test
 
 TEMPLATES = ("document", "token-ids", "ledger")
@@ -59,17 +59,13 @@ class Pair:
 
 
 @dataclass(frozen=True)
-class ContinuationsResult:
+class ContinuationsResult(CheckResult):
     tokens: int
     alpha: float
     bit_exact: bool
     pairs: tuple[Pair, ...]
     welch: WelchResult
     failures: tuple[str, ...]
-
-    @property
-    def passed(self) -> bool:
-        return not self.failures
 
     def agreements(self, which: str) -> list[Agreement]:
         """`treatment` (reloaded vs cold) or `baseline` (cold vs cold), one per pair."""

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from glm53.validate.prompts import token_id_prompt
-from glm53.validate.protocol import Shape, Target, bit_exact_failures, logprobs_differ
+from glm53.validate.protocol import CheckResult, Shape, Target, bit_exact_failures, logprobs_differ
 from glm53.validate.stats import WelchResult, welch_t_test
 
 MIXED_SHAPE = Shape(max_tokens=8, logprobs=5)
@@ -31,7 +31,7 @@ class MixedSample:
 
 
 @dataclass(frozen=True)
-class MixedResult:
+class MixedResult(CheckResult):
     prompt_tokens: int
     head_tokens: int
     alpha: float
@@ -39,10 +39,6 @@ class MixedResult:
     mixed: tuple[MixedSample, ...]
     welch: WelchResult
     failures: tuple[str, ...]
-
-    @property
-    def passed(self) -> bool:
-        return not self.failures
 
 
 def mixed_prompt_length(chunk_size: int) -> int:

@@ -35,6 +35,16 @@ SampleT = TypeVar("SampleT")
 CHECKS = ("equivalence", "boundary", "perf", "continuations", "mixed")
 
 
+class CheckResult:
+    """What every check returns: the failures it found, one sentence each; it passed when there are none."""
+
+    failures: tuple[str, ...]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+
 @dataclass(frozen=True)
 class Shape:
     """How a check asks: how many tokens to generate, how many top log-probs, streamed or not."""
@@ -143,17 +153,13 @@ class RunSample:
 
 
 @dataclass(frozen=True)
-class EquivalenceResult:
+class EquivalenceResult(CheckResult):
     prompt_tokens: int
     alpha: float
     cold: tuple[RunSample, ...]
     cached: tuple[RunSample, ...]
     welch: WelchResult
     failures: tuple[str, ...]
-
-    @property
-    def passed(self) -> bool:
-        return not self.failures
 
 
 def check_equivalence(
@@ -248,15 +254,11 @@ class BoundaryRow:
 
 
 @dataclass(frozen=True)
-class BoundaryResult:
+class BoundaryResult(CheckResult):
     chunk_size: int
     strict_prefix: bool
     rows: tuple[BoundaryRow, ...]
     failures: tuple[str, ...]
-
-    @property
-    def passed(self) -> bool:
-        return not self.failures
 
 
 def check_boundary(
@@ -327,14 +329,10 @@ class PerfSample:
 
 
 @dataclass(frozen=True)
-class PerfResult:
+class PerfResult(CheckResult):
     cold: tuple[PerfSample, ...]
     cached: tuple[PerfSample, ...]
     failures: tuple[str, ...]
-
-    @property
-    def passed(self) -> bool:
-        return not self.failures
 
     @property
     def ttft_speedup(self) -> float:

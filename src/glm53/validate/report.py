@@ -17,7 +17,7 @@ from typing import Any
 from glm53.errors import Glm53Error
 from glm53.validate.continuations import ContinuationsResult
 from glm53.validate.mixed import MixedResult
-from glm53.validate.protocol import BoundaryResult, EquivalenceResult, PerfResult, PerfSample, RunSample
+from glm53.validate.protocol import BoundaryResult, CheckResult, EquivalenceResult, PerfResult, PerfSample, RunSample
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class ValidationReport:
     mixed: MixedResult | None = None
 
     @property
-    def results(self) -> list[EquivalenceResult | BoundaryResult | PerfResult | ContinuationsResult | MixedResult]:
+    def results(self) -> list[CheckResult]:
         checks = (self.equivalence, self.boundary, self.perf, self.continuations, self.mixed)
         return [r for r in checks if r is not None]
 

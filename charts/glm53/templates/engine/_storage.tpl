@@ -32,3 +32,8 @@ resources:
   requests:
     storage: {{ .Values.weights.newPvc.size }}
 {{- end }}
+
+{{/* Which weights volume the pod mounts: "" for none. Mock mode loads no weights, so it never gets the chart's PVC. */}}
+{{- define "glm53.weightsClaimName" -}}
+{{- if and (eq .Values.weights.source "newPvc") (not .Values.mock.enabled) }}{{ include "glm53.fullname" . }}-weights{{ else if eq .Values.weights.source "existingPvc" }}{{ .Values.weights.existingClaim }}{{ end }}
+{{- end }}

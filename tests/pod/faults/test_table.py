@@ -1,0 +1,108 @@
+"""The fault table's arithmetic (`glm53.pod.faults.table`) and the fault tool's bad input (`glm53 faults`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from glm53.pod.faults.load import Outcome
+from glm53.pod.faults.suite import FAULTS, Fault, parse_faults, pod_groups, with_mq_timeout
+from glm53.pod.faults.table import FaultWindow, format_table, row
+from glm53.pod.kubelet import RestartEvent
+
+
+def reload(started: float, stored_at: float, hits: int | None, result: str = "ok") -> Outcome:
+    return Outcome(0, "reload", started, 0.2, result, stored_at, hits, 768)
+
+
+def store(started: float, result: str = "ok") -> Outcome:
+    return Outcome(0, "store", started, 0.4, result)
+
+
+def test_a_row_counts_the_requests_in_its_window_and_when_whole_hits_came_back() -> None:
+    outcomes = [
+        store(5.0),  # before the fault: not counted
+        reload(12.0, 2.0, 0),  # stored before the fault (lost with the server): not evidence either way
+        store(12.5, "failed: HTTP 500"),
+        reload(20.0, 14.0, 0),  # stored while the cache was dead
+        store(21.0, "hung"),
+        reload(40.0, 31.0, 768),  # stored 21 s after the fault and found whole: hits are back
+        reload(45.0, 35.0, 512),  # after recovery, part of one missing
+        store(70.0),  # after the window
+    ]
+    window = FaultWindow("kill", 10.0, 60.0, (RestartEvent(10.5, "lmcache", "exited with status 137"),))
+    r = row(window, outcomes)
+    assert (r.sent, r.failed, r.hung) == (6, 1, 1)
+    assert r.hits_back_s == 21.0
+    assert (r.hit_tokens, r.expected_tokens) == (768 + 512, 768 * 2)
+    assert r.restarted == "lmcache x1"
+    assert r.over_after_s == 0.0 and r.recovery_s == 21.0
+    # The sidecar answered again 15 s after the fault: the recovery counts from there.
+    again = FaultWindow("kill", 10.0, 60.0, window.restarts, started_again=(RestartEvent(25.0, "lmcache", "started"),))
+    assert row(again, outcomes).over_after_s == 15.0 and row(again, outcomes).recovery_s == 6.0
+    # A freeze is over when it is resumed.
+    assert row(FaultWindow("freeze", 10.0, 60.0, (), over_s=40.0), outcomes).recovery_s == 0.0
+
+
+def test_a_cache_that_never_came_back_says_never() -> None:
+    r = row(FaultWindow("kill", 0.0, 60.0, ()), [reload(30.0, 20.0, 0)])
+    assert r.hits_back_s is None and r.recovery_s is None and r.hit_share is None and r.restarted == "none"
+    table = format_table("chart settings:", [r])
+    assert table[0] == "chart settings:" and table[1].split()[:4] == ["fault", "sent", "failed", "hung"]
+    assert "never" in table[3] and "0/0" in table[3]
+
+
+def test_faults_run_in_the_suites_order_whatever_the_lists() -> None:
+    assert [f.name for f in parse_faults(["kill-slow", "idle", "kill"])] == ["idle", "kill", "kill-slow"]
+    assert next(iter(FAULTS)) == "idle"
+    # A fault at engine start is played while its pod starts: first, whatever the list says.
+    assert [f.name for f in parse_faults(["kill", "absent", "idle"])] == ["absent", "idle", "kill"]
+
+
+def names(groups: list[tuple[Fault, ...]]) -> list[list[str]]:
+    return [[f.name for f in group] for group in groups]
+
+
+def test_a_fault_at_engine_start_gets_its_pod_and_shares_it_unless_idle_needs_a_fresh_one() -> None:
+    assert names(pod_groups(parse_faults(["kill", "absent"]))) == [["absent", "kill"]]
+    assert names(pod_groups(parse_faults(["kill", "absent", "idle"]))) == [["absent"], ["idle", "kill"]]
+    assert names(pod_groups(parse_faults(["absent-long", "absent", "term"]))) == [["absent"], ["absent-long", "term"]]
+    assert names(pod_groups(parse_faults(["idle", "kill"]))) == [["idle", "kill"]]
+
+
+def test_the_shortened_mq_timeout_goes_into_the_rendered_connector_config() -> None:
+    """The chart renders no `lmcache.mp.mq_timeout` (upstream's 300 s holds); an `absent` pod's engine gets one."""
+    from glm53.pod.contract import ENGINE_CONTAINER
+    from glm53.pod.main_job import PodOptions, engine_and_profile, render_plans
+
+    engine, profile = engine_and_profile("standin", None, None)
+    plan = render_plans(PodOptions(profile, engine, validation=False)).serving
+    argv = plan.container(ENGINE_CONTAINER).argv
+    config = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    assert "lmcache.mp.mq_timeout" not in config["kv_connector_extra_config"]
+    shortened = with_mq_timeout(plan, 30.0).container(ENGINE_CONTAINER).argv
+    extra = json.loads(shortened[shortened.index("--kv-transfer-config") + 1])["kv_connector_extra_config"]
+    assert extra == {**config["kv_connector_extra_config"], "lmcache.mp.mq_timeout": 30.0}
+    assert [c.argv for c in with_mq_timeout(plan, 30.0).containers if c.name != ENGINE_CONTAINER] == [
+        c.argv for c in plan.containers if c.name != ENGINE_CONTAINER
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--faults", "explode"], "unknown fault 'explode'"),
+        (["--clients", "0"], "--clients must be at least 1"),
+        (["--engine", "vllm", "--profile", "glm53"], "tiny CPU test model"),
+        (["--engine", "standin", "--faults", "kill,absent"], "the absent faults need --engine vllm"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "glm53", "faults", *args], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert result.returncode == 2 and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and result.stdout == ""
