@@ -225,11 +225,8 @@ stage_install() {
 
 stage_lmcache_tests() {
     # Only tests/ and pytest.ini: with the sdist's lmcache/ beside them, pytest would import the uncompiled sources.
-    local tree="$work/lmcache-tests" left=$((time_budget - SECONDS - 15))
-    if [ "$left" -lt 30 ]; then
-        echo "skipped: only ${left}s of the ${time_budget}s budget left"
-        return 1
-    fi
+    local tree="$work/lmcache-tests" left
+    left="$(time_left 15)" || return 1
     mkdir -p "$tree"
     tar -xzf "$sdist" -C "$tree" --strip-components=1 \
         "lmcache-$lmcache_version/tests" "lmcache-$lmcache_version/pytest.ini"
@@ -245,25 +242,33 @@ stage_kernels() {
     "$python" benchmarks/gpu_proof kernels --out "$out"
 }
 
-# Each transfer stage gets the time left, less what the later stages need to report.
+# time_left RESERVE: the seconds a timed stage may run, the time left less RESERVE, what the later stages need to
+# report; with under 30 of them it fails, saying the stage is skipped.
 time_left() {
-    echo $((time_budget - SECONDS - $1))
+    local left=$((time_budget - SECONDS - $1))
+    if [ "$left" -lt 30 ]; then
+        echo "skipped: only ${left}s of the ${time_budget}s budget left" >&2
+        return 1
+    fi
+    echo "$left"
+}
+
+# run_transfer COMMAND RESERVE DIR ARGS...: `benchmarks/gpu_proof COMMAND` on the GPU in the time left less RESERVE,
+# writing to $work/DIR, with ARGS and the --server-arg flags.
+run_transfer() {
+    local command="$1" reserve="$2" dir="$3" left
+    shift 3
+    left="$(time_left "$reserve")" || return 1
+    PYTHONUNBUFFERED=1 timeout "$left" "$python" benchmarks/gpu_proof "$command" --device cuda --out "$work/$dir" \
+        "$@" "${server_args[@]}"
 }
 
 stage_ipc() {
-    local left
-    left="$(time_left 25)"
-    [ "$left" -ge 30 ] || { echo "skipped: only ${left}s of the ${time_budget}s budget left"; return 1; }
-    PYTHONUNBUFFERED=1 timeout "$left" "$python" benchmarks/gpu_proof ipc --device cuda --out "$work/$ipc_dir_name" \
-        "${bench_args[@]}" "${server_args[@]}"
+    run_transfer ipc 25 "$ipc_dir_name" "${bench_args[@]}"
 }
 
 stage_tp() {
-    local left
-    left="$(time_left 20)"
-    [ "$left" -ge 30 ] || { echo "skipped: only ${left}s of the ${time_budget}s budget left"; return 1; }
-    PYTHONUNBUFFERED=1 timeout "$left" "$python" benchmarks/gpu_proof tp --device cuda --out "$work/$tp_dir_name" \
-        "${tp_args[@]}" "${server_args[@]}"
+    run_transfer tp 20 "$tp_dir_name" "${tp_args[@]}"
 }
 
 # The probe reads the real GPU-mode server log beside the profile's example vLLM log (no vLLM runs here): it must

@@ -12,18 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from glm53.chunks import (
-    coverage,
-    is_valid_chunk_size,
-    negotiate_chunk_size,
-    parse_groups,
-    parse_non_negative,
-    parse_positive,
-    recommend,
-    required_alignment,
-    round_up,
-    served_tokens,
-)
+from glm53 import chunks
 from glm53.commands.chunk import parse_prompt_lengths
 from glm53.errors import Glm53Error
 
@@ -41,37 +30,49 @@ FLASH_GROUPS = (1152, 1152, 1152, 1152, 1152, 0)
     ],
 )
 def test_seed_coverage(length: int, chunk: int, strict: bool, served: int, share: str) -> None:
-    result = coverage(length, chunk, strict)
+    result = chunks.coverage(length, chunk, strict)
     assert result.served_tokens == served
     assert f"{result.share:.1%}" == share
     assert result.recomputed_tokens == length - served
 
 
 def test_seed_negotiation() -> None:
-    assert negotiate_chunk_size(256, FLASH_GROUPS) == 1152
-    assert negotiate_chunk_size(256, (64,)) == 256  # GLM-5.3: unchanged, so upstream logs no negotiated line
-    assert required_alignment(FLASH_GROUPS) == 1152
-    assert required_alignment((64, 96, 0)) == 192
-    assert is_valid_chunk_size(1152, FLASH_GROUPS)
-    assert not is_valid_chunk_size(256, FLASH_GROUPS)
+    assert chunks.negotiate_chunk_size(256, FLASH_GROUPS) == 1152
+    assert chunks.negotiate_chunk_size(256, (64,)) == 256  # GLM-5.3: unchanged, so upstream logs no negotiated line
+    assert chunks.required_alignment(FLASH_GROUPS) == 1152
+    assert chunks.required_alignment((64, 96, 0)) == 192
+    assert chunks.is_valid_chunk_size(1152, FLASH_GROUPS)
+    assert not chunks.is_valid_chunk_size(256, FLASH_GROUPS)
 
 
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: served_tokens(0, 256, False), "prompt length must be a positive integer, got 0"),
-        (lambda: served_tokens(10, -1, False), "chunk size must be a positive integer, got -1"),
-        (lambda: negotiate_chunk_size(0, (64,)), "configured minimum chunk size must be a positive integer, got 0"),
-        (lambda: required_alignment(()), "groups must list at least one tokens_per_block value"),
-        (lambda: required_alignment((0, 0)), "every group has tokens_per_block 0 (all scratch)"),
-        (lambda: required_alignment((64, -1)), "tokens_per_block values must be non-negative integers, got -1"),
-        (lambda: recommend([], (64,), False), "the prompt-length distribution is empty"),
-        (lambda: recommend([5040], (64,), False, chunk_overhead_tokens=-1), "the per-chunk overhead must be a whole"),
-        (lambda: parse_non_negative("-1", "--chunk-overhead-tokens"), "--chunk-overhead-tokens must be a whole number"),
-        (lambda: parse_positive("1.5", "--limit"), "--limit must be a positive integer, got '1.5'"),
-        (lambda: parse_positive("9" * 40, "--limit"), "--limit must be a positive integer, got '" + "9" * 40),
-        (lambda: parse_groups("1152,x"), "groups must be comma-separated non-negative integers like 1152,1152,0"),
-        (lambda: parse_groups(""), "groups must be comma-separated non-negative integers"),
+        (lambda: chunks.served_tokens(0, 256, False), "prompt length must be a positive integer, got 0"),
+        (lambda: chunks.served_tokens(10, -1, False), "chunk size must be a positive integer, got -1"),
+        (
+            lambda: chunks.negotiate_chunk_size(0, (64,)),
+            "configured minimum chunk size must be a positive integer, got 0",
+        ),
+        (lambda: chunks.required_alignment(()), "groups must list at least one tokens_per_block value"),
+        (lambda: chunks.required_alignment((0, 0)), "every group has tokens_per_block 0 (all scratch)"),
+        (lambda: chunks.required_alignment((64, -1)), "tokens_per_block values must be non-negative integers, got -1"),
+        (lambda: chunks.recommend([], (64,), False), "the prompt-length distribution is empty"),
+        (
+            lambda: chunks.recommend([5040], (64,), False, chunk_overhead_tokens=-1),
+            "the per-chunk overhead must be a whole",
+        ),
+        (
+            lambda: chunks.parse_non_negative("-1", "--chunk-overhead-tokens"),
+            "--chunk-overhead-tokens must be a whole number",
+        ),
+        (lambda: chunks.parse_positive("1.5", "--limit"), "--limit must be a positive integer, got '1.5'"),
+        (lambda: chunks.parse_positive("9" * 40, "--limit"), "--limit must be a positive integer, got '" + "9" * 40),
+        (
+            lambda: chunks.parse_groups("1152,x"),
+            "groups must be comma-separated non-negative integers like 1152,1152,0",
+        ),
+        (lambda: chunks.parse_groups(""), "groups must be comma-separated non-negative integers"),
     ],
 )
 def test_bad_input_raises_one_sentence(call: object, message: str) -> None:
@@ -82,60 +83,60 @@ def test_bad_input_raises_one_sentence(call: object, message: str) -> None:
 
 
 def test_parse_groups_accepts_the_geometry_lines_own_list() -> None:
-    assert parse_groups("[1152, 1152, 1152, 1152, 1152, 0]") == FLASH_GROUPS
+    assert chunks.parse_groups("[1152, 1152, 1152, 1152, 1152, 0]") == FLASH_GROUPS
 
 
 def test_recommend_without_a_chunk_cost_ranks_by_served_tokens_and_the_smaller_chunk_on_ties() -> None:
-    ranked = recommend([5040, 5040], (64,), False, limit=16, chunk_overhead_tokens=0)
+    ranked = chunks.recommend([5040, 5040], (64,), False, limit=16, chunk_overhead_tokens=0)
     assert ranked[0].chunk_size == 64
     assert ranked[0].served_tokens == 2 * (5040 // 64 * 64)
     by_size = {r.chunk_size: r for r in ranked}
     assert by_size[256].served_tokens == 2 * 4864  # seed 001
     assert by_size[1024].served_tokens == 2 * 4096
     assert all(a.served_tokens >= b.served_tokens for a, b in itertools.pairwise(ranked))
-    tie = recommend([128, 128], (64,), False, chunk_overhead_tokens=0)
+    tie = chunks.recommend([128, 128], (64,), False, chunk_overhead_tokens=0)
     assert [r.chunk_size for r in tie] == [64, 128]  # a tie: the smaller first
 
 
 def test_a_smaller_chunk_pays_for_its_lookups() -> None:
     # 5040 tokens: 64 serves 4992 in 78 chunks, 256 serves 4864 in 19; at 16 tokens a chunk 256 nets 4560 > 3744.
-    by_size = {r.chunk_size: r for r in recommend([5040], (64,), False)}
+    by_size = {r.chunk_size: r for r in chunks.recommend([5040], (64,), False)}
     assert (by_size[64].chunks, by_size[64].net_tokens) == (78, 4992 - 16 * 78)
     assert (by_size[256].chunks, by_size[256].net_tokens) == (19, 4864 - 16 * 19)
     assert by_size[256].net_tokens > by_size[64].net_tokens
 
 
 def test_validated_sizes_rank_first_then_by_net_tokens() -> None:
-    ranked = recommend([5040], (64,), False, validated=(256, 1024))
+    ranked = chunks.recommend([5040], (64,), False, validated=(256, 1024))
     assert [(r.chunk_size, r.validated, r.served_tokens) for r in ranked[:2]] == [(256, True, 4864), (1024, True, 4096)]
     assert not any(r.validated for r in ranked[2:])
     assert all(a.net_tokens >= b.net_tokens for a, b in itertools.pairwise(ranked[2:]))
 
 
 def test_validated_sizes_beyond_the_limit_are_still_ranked() -> None:
-    ranked = recommend([5040], (64,), False, limit=2, validated=(1024, 100))  # 100 is not a multiple of 64
+    ranked = chunks.recommend([5040], (64,), False, limit=2, validated=(1024, 100))  # 100 is not a multiple of 64
     assert sorted(r.chunk_size for r in ranked) == [64, 128, 1024]
     assert ranked[0].chunk_size == 1024
 
 
 @given(st.integers(1, 10**7), st.integers(1, 10**5), st.booleans())
 def test_served_is_a_multiple_of_the_chunk_and_at_most_the_prompt(length: int, chunk: int, strict: bool) -> None:
-    served = served_tokens(length, chunk, strict)
+    served = chunks.served_tokens(length, chunk, strict)
     assert 0 <= served <= length
     assert served % chunk == 0
     assert length - served <= chunk  # only the tail (at most one chunk) is recomputed
-    assert served_tokens(length, chunk, True) <= served_tokens(length, chunk, False)
+    assert chunks.served_tokens(length, chunk, True) <= chunks.served_tokens(length, chunk, False)
 
 
 @given(st.integers(1, 10**6), st.lists(st.integers(0, 4096), min_size=1, max_size=8).filter(any))
 def test_negotiated_size_is_the_smallest_aligned_one_above_the_minimum(minimum: int, groups: list[int]) -> None:
-    resolved = negotiate_chunk_size(minimum, groups)
-    alignment = required_alignment(groups)
+    resolved = chunks.negotiate_chunk_size(minimum, groups)
+    alignment = chunks.required_alignment(groups)
     assert resolved % alignment == 0
     assert all(resolved % g == 0 for g in groups if g)
     assert resolved >= minimum
     assert resolved - alignment < minimum  # minimal: one alignment less would fall below the minimum
-    assert round_up(minimum, alignment) == resolved
+    assert chunks.round_up(minimum, alignment) == resolved
 
 
 # --- prompt-length files ---
@@ -181,6 +182,13 @@ def run_chunk(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "glm53", "chunk", *args], capture_output=True, text=True, check=False)
 
 
+def chunk_output(*args: str) -> str:
+    """What `glm53 chunk ARGS` prints; it must succeed."""
+    result = run_chunk(*args)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
 @pytest.mark.parametrize(
     ("args", "output"),
     [
@@ -210,7 +218,7 @@ def test_cli_outputs(args: tuple[str, ...], output: str) -> None:
 def test_cli_recommend_table(tmp_path: Path) -> None:
     lengths = tmp_path / "lengths.json"
     lengths.write_text(json.dumps([5040, 8507, 1200]))
-    result = run_chunk(
+    output = chunk_output(
         "recommend",
         "--prompt-lengths",
         str(lengths),
@@ -220,8 +228,7 @@ def test_cli_recommend_table(tmp_path: Path) -> None:
         "--limit",
         "3",
     )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == [
+    assert output.splitlines() == [
         "3 prompts, 14747 tokens, groups [1152, 1152, 1152, 1152, 1152, 0], strict prefix (hybrid); best first:",
         "   chunk  validated  served tokens   share  chunks  net tokens  prompts with a hit",
         "    1152        yes          13824   93.7%      12       13632  3/3",
@@ -240,18 +247,16 @@ EXAMPLE_LENGTHS = Path(__file__).resolve().parents[1] / "examples" / "prompt-len
 
 @pytest.mark.parametrize("model", [("--profile", "glm53"), ("--groups", "64")])
 def test_cli_recommends_glm53s_validated_256_on_the_example_file(model: tuple[str, str]) -> None:
-    result = run_chunk("recommend", "--prompt-lengths", str(EXAMPLE_LENGTHS), *model)
-    assert result.returncode == 0, result.stderr
-    rows = [line.split() for line in result.stdout.splitlines()[2:] if line.split()[0].isdigit()]
+    output = chunk_output("recommend", "--prompt-lengths", str(EXAMPLE_LENGTHS), *model)
+    rows = [line.split() for line in output.splitlines()[2:] if line.split()[0].isdigit()]
     assert [row[:2] for row in rows[:2]] == [["256", "yes"], ["1024", "yes"]]
-    assert "GLM-5.3 (profile glm53) was validated at 256, 1024" in result.stdout
+    assert "GLM-5.3 (profile glm53) was validated at 256, 1024" in output
 
 
 def test_cli_without_a_known_profile_says_nothing_is_validated(tmp_path: Path) -> None:
-    result = run_chunk("recommend", "--prompt-lengths", str(EXAMPLE_LENGTHS), "--groups", "32", "--limit", "4")
-    assert result.returncode == 0, result.stderr
-    assert "No profile has these groups, so no size counts as validated" in result.stdout
-    assert [line.split()[1] for line in result.stdout.splitlines()[2:6]] == ["no"] * 4
+    output = chunk_output("recommend", "--prompt-lengths", str(EXAMPLE_LENGTHS), "--groups", "32", "--limit", "4")
+    assert "No profile has these groups, so no size counts as validated" in output
+    assert [line.split()[1] for line in output.splitlines()[2:6]] == ["no"] * 4
 
 
 def test_cli_recommend_help_states_the_file_format() -> None:

@@ -4,11 +4,9 @@
 # large, tightly pinned dependency tree would clash with the project's .venv. Puts `checkov` into .tools/bin.
 set -euo pipefail
 
-repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 # shellcheck source=scripts/setup.d/lib/cache.sh
-source "$repo_root/scripts/setup.d/lib/cache.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/lib/cache.sh"
 checkov_version="3.3.30"
-bin_dir="$repo_root/.tools/bin"
 
 build_checkov_venv() {
     new_venv 21-checkov.sh "$1"
@@ -17,11 +15,10 @@ build_checkov_venv() {
 
 cached_venv checkov "checkov==$checkov_version $GLM53_PIP_PIN" build_checkov_venv "$repo_root/.tools/checkov-venv"
 venv="$CACHED_VENV"
-mkdir -p "$bin_dir"
-ln -sfn "$venv/bin/checkov" "$bin_dir/checkov"
+link_tool "$venv/bin/checkov" checkov
 # The environment's key proves the pinned version was installed; `checkov --version` itself takes seconds.
-if [ ! -x "$bin_dir/checkov" ]; then
-    echo "21-checkov.sh: $bin_dir/checkov is not executable; delete $venv and re-run" >&2
+if [ ! -x "$tools_bin/checkov" ]; then
+    echo "21-checkov.sh: $tools_bin/checkov is not executable; delete $venv and re-run" >&2
     exit 1
 fi
-echo "21-checkov.sh: checkov $checkov_version at $bin_dir/checkov"
+echo "21-checkov.sh: checkov $checkov_version at $tools_bin/checkov"

@@ -6,9 +6,8 @@
 # downloaded again.
 set -euo pipefail
 
-repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 # shellcheck source=scripts/setup.d/lib/cache.sh
-source "$repo_root/scripts/setup.d/lib/cache.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/lib/cache.sh"
 dest="$(glm53_cache_dir)/upstream-wheels"
 pip="$repo_root/.venv/bin/pip"
 mkdir -p "$dest" "$repo_root/.tools"

@@ -10,9 +10,8 @@
 # about 190 MB), once per set of inputs (the cache of lib/cache.sh; .tools/upstream-parsers-venv links to it).
 set -euo pipefail
 
-repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 # shellcheck source=scripts/setup.d/lib/cache.sh
-source "$repo_root/scripts/setup.d/lib/cache.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/lib/cache.sh"
 requirements="$repo_root/tests/chart/upstream-parsers-requirements.txt"
 torch_pin="torch==2.13.0+cpu"
 torch_index="${GLM53_TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"

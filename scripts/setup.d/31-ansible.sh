@@ -4,9 +4,8 @@
 # toolkit's pins in .venv.
 set -euo pipefail
 
-repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 # shellcheck source=scripts/setup.d/lib/cache.sh
-source "$repo_root/scripts/setup.d/lib/cache.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/lib/cache.sh"
 # ansible 12.x is the newest line that supports Python 3.11; it bundles ansible-core 2.19.
 pins=("ansible==12.3.0" "ansible-core==2.19.14" "ansible-lint==26.10.1")
 
@@ -17,9 +16,8 @@ build_ansible_venv() {
 
 cached_venv ansible "${pins[*]} $GLM53_PIP_PIN" build_ansible_venv "$repo_root/.tools/ansible-venv"
 venv="$CACHED_VENV"
-mkdir -p "$repo_root/.tools/bin"
 for tool in ansible ansible-playbook ansible-galaxy ansible-doc ansible-lint; do
-    ln -sfn "$venv/bin/$tool" "$repo_root/.tools/bin/$tool"
+    link_tool "$venv/bin/$tool" "$tool"
 done
-"$repo_root/.tools/bin/ansible-playbook" --version >/dev/null \
+"$tools_bin/ansible-playbook" --version >/dev/null \
     || { echo "31-ansible.sh: ansible-playbook in $venv does not run; delete $venv and re-run" >&2; exit 1; }

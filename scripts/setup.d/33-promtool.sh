@@ -8,12 +8,10 @@
 # checks the version the linked binary answers.
 set -euo pipefail
 
-repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 # shellcheck source=scripts/setup.d/lib/cache.sh
-source "$repo_root/scripts/setup.d/lib/cache.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/lib/cache.sh"
 # Pinned to bookworm's version (`apt-cache policy prometheus`): the rule tests were measured against its PromQL engine.
 prometheus_version="2.42.0+ds-5+deb12u1"
-bin_dir="$repo_root/.tools/bin"
 
 known_to_apt() {
     [[ "$(apt-cache madison prometheus)" == *"| $prometheus_version |"* ]]
@@ -41,12 +39,11 @@ build_promtool() {
 }
 
 cached_venv promtool "prometheus=$prometheus_version" build_promtool "$repo_root/.tools/promtool"
-mkdir -p "$bin_dir"
-ln -sfn "$CACHED_VENV/usr/bin/promtool" "$bin_dir/promtool"
-found="$("$bin_dir/promtool" --version 2>&1)"
+link_tool "$CACHED_VENV/usr/bin/promtool" promtool
+found="$("$tools_bin/promtool" --version 2>&1)"
 found="${found%%$'\n'*}"  # its first line: "promtool, version ... (branch: ..., revision: <package version>)"
 if [[ "$found" != *"revision: $prometheus_version)"* ]]; then
-    echo "33-promtool.sh: expected promtool from prometheus $prometheus_version, found '$found' at $bin_dir/promtool" >&2
+    echo "33-promtool.sh: expected promtool from prometheus $prometheus_version, found '$found' at $tools_bin/promtool" >&2
     exit 1
 fi
-echo "33-promtool.sh: $found at $bin_dir/promtool"
+echo "33-promtool.sh: $found at $tools_bin/promtool"

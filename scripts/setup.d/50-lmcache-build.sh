@@ -9,9 +9,8 @@
 # checks first. scripts/lmcache_wheel.py builds (and caches) the wheel itself.
 set -euo pipefail
 
-repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 # shellcheck source=scripts/setup.d/lib/cache.sh
-source "$repo_root/scripts/setup.d/lib/cache.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/lib/cache.sh"
 tools="$repo_root/.tools"
 dist="$(glm53_cache_dir)/lmcache-dist"
 cuda_home="${CUDA_HOME:-/usr/local/cuda}"

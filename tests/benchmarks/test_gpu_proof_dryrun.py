@@ -15,6 +15,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from gpu_proof import ProofError, engine, geometry, plan, report, server, stats
@@ -24,6 +25,7 @@ from glm53.pod.plan import deployment_pod
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu-proof.sh"
+CARRY_SCRIPT = REPO / "scripts" / "gpu-proof-carry.sh"
 PROOF = REPO / "benchmarks" / "gpu_proof"
 
 
@@ -36,15 +38,18 @@ def carry(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def run_command(argv: list[str], cwd: Path = REPO, timeout: int = 60) -> subprocess.CompletedProcess[str]:
+    """`argv` run to its end (within `timeout` seconds), its exit status and text output captured."""
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
+
+
 def dry_run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["bash", str(SCRIPT), "--dry-run", "--python", sys.executable, *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return run_command(["bash", str(SCRIPT), "--dry-run", "--python", sys.executable, *args])
+
+
+def carry_script(*args: str) -> subprocess.CompletedProcess[str]:
+    """`scripts/gpu-proof-carry.sh` with this interpreter as its Python (a later --python in `args` wins)."""
+    return run_command(["bash", str(CARRY_SCRIPT), "--python", sys.executable, *args])
 
 
 def test_dry_run_prints_every_stage_and_the_cases(carry: Path) -> None:
@@ -98,23 +103,7 @@ def test_the_carry_script_keeps_the_sdists_versioned_name(tmp_path: Path) -> Non
     """gpu-proof.sh finds the sdist by version, so a renamed one is refused before anything is downloaded."""
     sdist = tmp_path / "lmcache.tar.gz"
     sdist.write_bytes(b"")
-    result = subprocess.run(
-        [
-            "bash",
-            str(REPO / "scripts" / "gpu-proof-carry.sh"),
-            "--sdist",
-            str(sdist),
-            "--python",
-            sys.executable,
-            "--carry",
-            str(tmp_path / "carry"),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = carry_script("--sdist", str(sdist), "--carry", str(tmp_path / "carry"))
     assert result.returncode == 2
     assert "expected --sdist to be named like lmcache-0.5.6.tar.gz but got 'lmcache.tar.gz'" in result.stderr
     assert not (tmp_path / "carry").exists()
@@ -138,15 +127,7 @@ def test_the_carry_script_refuses_what_it_cannot_use_in_one_line(
     wheel.write_bytes(b"")
     sdist.write_bytes(b"")
     named = [str(wheel) if a == "WHEEL" else str(sdist) if a == "SDIST" else a for a in args]
-    carry_script = str(REPO / "scripts" / "gpu-proof-carry.sh")
-    result = subprocess.run(
-        ["bash", carry_script, "--python", sys.executable, "--carry", str(tmp_path / "c"), *named],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = carry_script("--carry", str(tmp_path / "c"), *named)
     assert result.returncode == 2
     assert message in result.stderr and len(result.stderr.splitlines()) == 1
     assert not (tmp_path / "c").exists()
@@ -154,13 +135,9 @@ def test_the_carry_script_refuses_what_it_cannot_use_in_one_line(
 
 def test_the_proof_runs_from_its_folder_with_a_bare_python(tmp_path: Path) -> None:
     """The GPU host runs `python3 benchmarks/gpu_proof` outside any venv: no site-packages, any working directory."""
-    result = subprocess.run(
+    result = run_command(
         [sys.executable, "-I", "-S", str(PROOF), "plan", "--case", "glm53@256:1", "--tp-case", "glm53@256"],
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
     )
     assert result.returncode == 0, result.stderr
     assert "glm53@256:1: 156 tensors in 1 groups" in result.stdout
@@ -384,25 +361,23 @@ def test_ipc_table_prints_ratios_to_the_same_size_memcpy() -> None:
     assert "glm53@256 x8" in table and "3.50" in table  # the phase table: pre-copy and copy in ms
 
 
-def run_rehearsal(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(PROOF), *args, "--device", "cpu", "--out", str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
+def rehearse(tmp_path: Path, command: str, *args: str) -> dict[str, Any]:
+    """`benchmarks/gpu_proof COMMAND ARGS` on CPU against the real `lmcache server` (skipped without LMCache): it must
+    succeed; its JSON report (`COMMAND.json` in `tmp_path`, beside the server logs)."""
+    pytest.importorskip("lmcache")
+    result = run_command(
+        [sys.executable, str(PROOF), command, *args, "--device", "cpu", "--out", str(tmp_path)], timeout=600
     )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    written: dict[str, Any] = json.loads((tmp_path / f"{command}.json").read_text())
+    return written
 
 
 @pytest.mark.slow
 def test_cpu_rehearsal_stores_looks_up_and_retrieves_through_the_real_server(tmp_path: Path) -> None:
     """The whole stand-in flow on CPU: the hybrid geometry, vLLM's align-mode ids, the bytes the server copied."""
-    pytest.importorskip("lmcache")
-    args = ["ipc", "--case", "glm53-flash@1152", "--chunks", "2", "--reps", "1", "--warmup", "0", "--all-real-at", "2"]
-    result = run_rehearsal(tmp_path, *args)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    case = json.loads((tmp_path / "ipc.json").read_text())["cases"][0]
+    args = ["--case", "glm53-flash@1152", "--chunks", "2", "--reps", "1", "--warmup", "0", "--all-real-at", "2"]
+    case = rehearse(tmp_path, "ipc", *args)["cases"][0]
     align, all_real = case["points"]
     assert align["all_hit"] and align["all_equal"] and align["null_block_untouched"] and align["bytes_match_plan"]
     # The server copied what the plan counts: with vLLM's ids one state block per KDA layer each way; with all-real
@@ -421,11 +396,8 @@ def test_cpu_rehearsal_stores_looks_up_and_retrieves_through_the_real_server(tmp
 @pytest.mark.slow
 def test_cpu_rehearsal_of_two_tp_ranks_on_the_pods_server(tmp_path: Path) -> None:
     """Two rank processes, GLM-5.3 (pure MLA: rank 0 stores, both read the one copy), byte-equal on both ranks."""
-    pytest.importorskip("lmcache")
-    args = ["tp", "--tp-case", "glm53@256", "--ranks", "2", "--tp-chunks", "1", "--tp-reps", "1", "--warmup", "0"]
-    result = run_rehearsal(tmp_path, *args)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    run = json.loads((tmp_path / "tp.json").read_text())["runs"][0]
+    args = ["--tp-case", "glm53@256", "--ranks", "2", "--tp-chunks", "1", "--tp-reps", "1", "--warmup", "0"]
+    run = rehearse(tmp_path, "tp", *args)["runs"][0]
     assert run["writers"] == 1 and run["servers"] == 1
     assert run["all_hit"] and run["all_equal"] and run["null_block_untouched"]
     assert run["store"]["samples"] == 1 and run["retrieve"]["samples"] == 2

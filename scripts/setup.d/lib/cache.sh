@@ -1,5 +1,6 @@
 # shellcheck shell=bash
-# Sourced by the setup scripts: tool environments kept outside the clone, keyed by their inputs.
+# Sourced by the setup scripts (`source "$(dirname "${BASH_SOURCE[0]}")/lib/cache.sh"`): tool environments kept
+# outside the clone, keyed by their inputs, and the clone's own tool folder that links to them.
 #
 # Why: a fresh clone (every CI run) otherwise rebuilds each tool venv from scratch, about 4 minutes of unpacking on
 # 2 cores. An environment lives in $GLM53_CACHE_DIR (default ~/.cache/glm53) under a name that hashes everything it
@@ -7,6 +8,11 @@
 # to it. It is complete only once its builder finished (a stamp written last), and is built under a lock, so two runs
 # at once build it once. Each setup script still checks its tool answers on every run.
 set -euo pipefail  # the sourcing scripts' mode, which cached_venv's builders rely on
+
+# The clone the setup scripts belong to (this file is its scripts/setup.d/lib/cache.sh).
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
+# Where the tests and scripts/test.sh look for tools (`link_tool`).
+tools_bin="$repo_root/.tools/bin"
 
 # The pip every tool environment is upgraded to first (part of each environment's inputs).
 GLM53_PIP_PIN="pip==25.3"
@@ -58,4 +64,10 @@ venv_install() {
     local dir="$1"
     shift
     "$dir/bin/python" -m pip install --quiet --disable-pip-version-check "$@"
+}
+
+# link_tool TARGET NAME: $tools_bin/NAME, a link to TARGET.
+link_tool() {
+    mkdir -p "$tools_bin"
+    ln -sfn "$1" "$tools_bin/$2"
 }

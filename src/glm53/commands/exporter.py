@@ -22,6 +22,7 @@ from types import FrameType
 from prometheus_client.registry import CollectorRegistry
 
 from glm53.chunks import require_positive
+from glm53.commands.argtypes import MAX_PORT
 from glm53.errors import Glm53Error
 from glm53.exporter import names
 from glm53.exporter.collector import Glm53Collector, Upstream
@@ -31,7 +32,6 @@ from glm53.exporter.upstream import DEFAULT_TIMEOUT_SECONDS, metrics_url, read_a
 from glm53.profiles import PROFILES, get_profile
 
 DEFAULT_PORT = 9400
-MAX_PORT = 65535
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,6 +12,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path, PurePath
 
+from glm53.commands.argtypes import MAX_PORT
 from glm53.errors import Glm53Error
 from glm53.pod.contract import ENGINES
 from glm53.pod.kind.plan import (
@@ -91,8 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def options_from(args: argparse.Namespace) -> SmokeOptions:
-    if not 0 < args.local_port < 65536:
-        raise Glm53Error(f"--local-port must be a TCP port 1-65535, got {args.local_port}; pick a free local port")
+    if not 0 < args.local_port <= MAX_PORT:
+        raise Glm53Error(f"--local-port must be a TCP port 1-{MAX_PORT}, got {args.local_port}; pick a free local port")
     if not (math.isfinite(args.timeout) and args.timeout > 0):  # nan and inf would wait without a deadline
         raise Glm53Error(
             f"--timeout must be positive seconds, got {args.timeout:g}; "

@@ -26,6 +26,7 @@ from typing import TypeVar
 
 from glm53.chunks import required_alignment, round_up
 from glm53.probe.logparse import (
+    ENGINE_PROCESS,
     AttentionBlockSize,
     ChunkSizeRejected,
     EngineDied,
@@ -49,8 +50,6 @@ UNDECORATED = "undecorated"
 # Malformed lines are quoted in messages, cut to this length so a probe message stays one readable line.
 _QUOTE_CHARS = 160
 STATE_VERSION = 2
-# vllm 0.33.0 v1/engine/utils.py:289: the engine-core process is `EngineCore` or `EngineCore_DP<n>`.
-_ENGINE_PROCESS = "EngineCore"
 
 _T = TypeVar("_T")
 # Colour codes (LMCache's are always on) and other control characters must not reach `kubectl describe`.
@@ -187,7 +186,7 @@ class StartupFacts:
         self.geometries[fact.text] = fact if known is None else replace(known, lines=known.lines + fact.lines)
 
     def _observe_engine(self, origin: LineOrigin) -> None:
-        if origin.pid is None or origin.process is None or not origin.process.startswith(_ENGINE_PROCESS):
+        if origin.pid is None or origin.process is None or not origin.process.startswith(ENGINE_PROCESS):
             return
         known = self.engine_pids.get(origin.process)
         if known is not None and known != origin.pid:

@@ -125,10 +125,8 @@ class RunStarted:
 
 @dataclass(frozen=True)
 class EngineProcess:
-    """A line tagged by vLLM's engine-core process, whose pid identifies the run as much as the banner does.
-
-    vllm 0.33.0 v1/engine/utils.py:289 names the process `EngineCore` (`EngineCore_DP<n>` with data parallelism).
-    """
+    """A line tagged by vLLM's engine-core process (`ENGINE_PROCESS`), whose pid identifies the run as much as the
+    banner does."""
 
     origin: LineOrigin
 
@@ -171,9 +169,12 @@ _ORIGIN = re.compile(r"\s*(?:\x1b\[[\d;]*m)?\((?P<process>[A-Za-z][\w.-]{0,63})(
 # vllm 0.33.0 v1/executor/multiproc_executor.py:1214-1229 builds worker names from parts, e.g. `Worker_TP3`,
 # `Worker_PP1_TP3`, `Worker_TP0_EP0`: the TP rank is the number after `TP`, wherever that part stands.
 _RANK = re.compile(r"(?:TP|_rank|Rank)(?P<rank>\d{1,5})(?:_|$)")
+# vllm 0.33.0 v1/engine/utils.py:289: the engine-core process is `EngineCore` (`EngineCore_DP<n>` with data
+# parallelism); the judge watches its pid for restarts.
+ENGINE_PROCESS = "EngineCore"
 # The tag of vLLM's engine-core process, plain or wrapped in ColoredFormatter's cyan
 # (vllm/logging_utils/formatter.py:98-112).
-_ENGINE_TAGS = ("(EngineCore", "\x1b[0;36m(EngineCore")
+_ENGINE_TAGS = (f"({ENGINE_PROCESS}", f"\x1b[0;36m({ENGINE_PROCESS}")
 
 # Variants seen upstream: vLLM's generic hybrid wording, a GLM-5-specific one and platform prefixes such as `[XPU]`;
 # all say "attention block size to N tokens", which is what we anchor on, tolerating whatever follows.

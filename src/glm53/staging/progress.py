@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 # Phases of one staging attempt, in order, and the two it ends in.
 PHASES = ("starting", "checking", "resolving", "downloading", "verifying", "linking", "done", "failed")
+# The phases that move bytes: only they have live counts, a rate and an ETA.
+MOVING_PHASES = frozenset({"downloading", "verifying"})
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
@@ -104,7 +106,7 @@ class Progress:
             return f"failed: {self.detail}"
         if self.phase == "done":
             return f"done: {self.target()}: {self.files_total} files, {human_bytes(self.bytes_total)}; {self.detail}"
-        if self.phase in {"downloading", "verifying"}:
+        if self.phase in MOVING_PHASES:
             verb = "downloaded" if self.phase == "downloading" else "verified"
             rate = "measuring the rate" if self.rate is None else f"{human_bytes(self.rate)}/s"
             eta = self.eta

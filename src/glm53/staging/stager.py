@@ -48,7 +48,7 @@ from glm53.errors import EXIT_FAILURE, Glm53Error
 from glm53.staging import hub as hubcalls
 from glm53.staging.hub import Context, FileSource, Hub, RepoEntry
 from glm53.staging.layout import Marker, RepoLayout, StagedFile, read_marker, size_problems, write_marker
-from glm53.staging.progress import Progress, RateMeter, human_bytes, human_duration
+from glm53.staging.progress import MOVING_PHASES, Progress, RateMeter, human_bytes, human_duration
 from glm53.staging.status import write_status
 
 # How often a file whose bytes hash wrong is fetched again before the attempt gives up on it.
@@ -151,7 +151,7 @@ class StageState:
         """The progress, with the live counts and the rate over the last samples."""
         with self.lock:
             live, progress, meter = self.live, self.progress, self.meter
-        if live is not None and progress.phase in {"downloading", "verifying"}:
+        if live is not None and progress.phase in MOVING_PHASES:
             done, files = live()
             meter.add(time.monotonic(), done)
             progress = replace(progress, bytes_done=done, files_done=files, rate=meter.rate())
@@ -192,7 +192,7 @@ class Reporter:
         while not self._stop.wait(1.0):
             progress = self.write()
             now = time.monotonic()
-            if progress.phase in {"downloading", "verifying"} and now - self._last_line >= self.progress_s:
+            if progress.phase in MOVING_PHASES and now - self._last_line >= self.progress_s:
                 self._last_line = now
                 self.say(f"stage-weights: {progress.line()}")
 
@@ -453,9 +453,18 @@ def _source(hub: Hub, config: StageConfig, commit: str, entry: RepoEntry) -> Fil
     return source
 
 
+@contextlib.contextmanager
+def _blob_locked(layout: RepoLayout, etag: str) -> Iterator[None]:
+    """Hold the client's own per-blob lock (creating its folder first), so that no other pod sharing the claim, nor a
+    client in it, writes the blob meanwhile."""
+    lock = layout.lock(etag)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with WeakFileLock(lock):
+        yield
+
+
 def _discard(layout: RepoLayout, etag: str) -> None:
-    layout.lock(etag).parent.mkdir(parents=True, exist_ok=True)
-    with WeakFileLock(layout.lock(etag)):
+    with _blob_locked(layout, etag):
         layout.blob(etag).unlink(missing_ok=True)
         layout.partial(etag).unlink(missing_ok=True)
 
@@ -466,8 +475,7 @@ def _fetch(
     """Make sure the blob is on the volume; the bytes fetched for it. A blob of the listed size counts as present
     here: the verification pass proves its bytes."""
     blob, partial = layout.blob(source.etag), layout.partial(source.etag)
-    layout.lock(source.etag).parent.mkdir(parents=True, exist_ok=True)
-    with WeakFileLock(layout.lock(source.etag)):
+    with _blob_locked(layout, source.etag):
         with contextlib.suppress(FileNotFoundError):
             size = blob.stat().st_size
             if size == entry.size:

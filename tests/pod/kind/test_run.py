@@ -142,6 +142,12 @@ class FakeMachine:
     def calls(self) -> list[str]:
         return self.log.read_text().splitlines()
 
+    def preflight_problems(self, *args: str) -> list[str]:
+        """The lines `kind-smoke --preflight-only ARGS` prints on stderr; it must fail its preflight (exit 10)."""
+        done = self.run("--preflight-only", *args)
+        assert done.returncode == 10, done.stdout + done.stderr
+        return done.stderr.splitlines()
+
 
 @pytest.fixture
 def machine(tmp_path: Path) -> FakeMachine:
@@ -176,9 +182,7 @@ def test_preflight_names_each_missing_or_old_tool_in_one_line_and_exits_10(machi
     machine.tool("kind", {"version": ("kind v0.20.0 go1.20.4 linux/amd64", 0)})
     machine.tool("kubectl", {"version": ("Client Version: v1.27.3\nKustomize Version: v5.0.1", 0)})
     (machine.bin / "helm").unlink()
-    done = machine.run("--preflight-only")
-    assert done.returncode == 10
-    assert done.stderr.splitlines() == [
+    assert machine.preflight_problems() == [
         "kind-smoke: preflight: kind 0.20.0 is too old; need >= 0.33.0 because the pinned node image is built for "
         "kind v0.33.0 (https://kind.sigs.k8s.io/docs/user/quick-start/#installation)",
         "kind-smoke: preflight: kubectl 1.27.3 is too old; need >= 1.33.0 because kubectl must be within 1 minor "
@@ -191,9 +195,7 @@ def test_preflight_names_each_missing_or_old_tool_in_one_line_and_exits_10(machi
 def test_preflight_reports_old_docker_and_unreadable_versions(machine: FakeMachine) -> None:
     machine.tool("docker", {"--version": ("Docker version 19.03.15, build 99e3ed8", 0)})
     machine.tool("helm", {"version": ("helm: command crashed", 1)})
-    done = machine.run("--preflight-only")
-    assert done.returncode == 10
-    assert done.stderr.splitlines()[:2] == [
+    assert machine.preflight_problems()[:2] == [
         "kind-smoke: preflight: docker 19.3.15 is too old; need >= 20.10.0 because kind's node containers need a "
         "cgroup v2-aware Docker Engine (https://docs.docker.com/engine/install/)",
         "kind-smoke: preflight: could not read helm's version from `helm version --short` "
@@ -210,9 +212,7 @@ def test_preflight_reports_an_unreachable_docker_daemon(machine: FakeMachine) ->
             "info": ("Cannot connect to the Docker daemon at unix:///var/run/docker.sock.", 1),
         },
     )
-    done = machine.run("--preflight-only")
-    assert done.returncode == 10
-    assert done.stderr.splitlines() == [
+    assert machine.preflight_problems() == [
         "kind-smoke: preflight: docker is installed but its daemon is not reachable (`docker info` said: Cannot "
         "connect to the Docker daemon at unix:///var/run/docker.sock.); start Docker or give this user access to "
         "its socket",
@@ -235,9 +235,7 @@ def test_preflight_reports_an_unreachable_docker_daemon(machine: FakeMachine) ->
     ],
 )
 def test_preflight_refuses_an_old_or_unpinned_node_image(machine: FakeMachine, image: str, message: str) -> None:
-    done = machine.run("--preflight-only", "--node-image", image)
-    assert done.returncode == 10
-    assert f"kind-smoke: preflight: {message}" in done.stderr.splitlines()
+    assert f"kind-smoke: preflight: {message}" in machine.preflight_problems("--node-image", image)
 
 
 def test_preflight_refuses_a_busy_port_and_a_wrong_working_directory(machine: FakeMachine) -> None:
@@ -246,9 +244,8 @@ def test_preflight_refuses_a_busy_port_and_a_wrong_working_directory(machine: Fa
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        done = machine.run("--preflight-only", "--local-port", str(port))
-    assert done.returncode == 10
-    assert done.stderr.splitlines()[:2] == [
+        problems = machine.preflight_problems("--local-port", str(port))
+    assert problems[:2] == [
         f"kind-smoke: preflight: charts/glm53 not found under {machine.root}; run from the repository root "
         "(the script does)",
         f"kind-smoke: preflight: local port {port} is in use; pass --local-port with a free port",
@@ -396,7 +393,7 @@ def test_show_geometry_reads_both_containers_of_the_release_pod(capsys: pytest.C
     name = READY_POD["metadata"]["name"]
     no_newline = "\n".join(example_log("healthy"))  # the last line of a log need not end with a newline
     reader = FakeReader([READY_POD], [], {f"{name}/vllm": no_newline, f"{name}/lmcache": "server up\n"})
-    step = ShowGeometry("kind-glm53-smoke", "glm53-smoke", "glm53-flash", get_profile("glm53-flash"))
+    step = ShowGeometry("glm53-smoke", "glm53-flash", get_profile("glm53-flash"))
     show_geometry(step, reader)
     assert capsys.readouterr().out.splitlines() == [
         "kind-smoke: unified block size N = 1152 tokens",
@@ -404,7 +401,7 @@ def test_show_geometry_reads_both_containers_of_the_release_pod(capsys: pytest.C
         "(as expected)",
     ]
     assert reader.asked == [f"{name}/vllm", f"{name}/lmcache"]
-    other_release = ShowGeometry("kind-glm53-smoke", "glm53-smoke", "glm53", get_profile("glm53"))
+    other_release = ShowGeometry("glm53-smoke", "glm53", get_profile("glm53"))
     with pytest.raises(StepFailed, match="no serving pod of release glm53 found in glm53-smoke"):
         show_geometry(other_release, reader)
 

@@ -7,22 +7,14 @@ from __future__ import annotations
 from pathlib import PurePath
 from typing import Any
 
-from glm53.pod.kind.verdicts import (
-    Artifact,
-    ReadinessTracker,
-    collect_artifacts,
-    geometry_lines,
-    is_serving_pod,
-    pending_summary,
-    pod_failure,
-)
+from glm53.pod.kind import verdicts
 from glm53.probe.logparse import parse_lines
 from glm53.profiles import get_profile
 from tests.support.kindkit import RUNNING, FakeReader, example_log, pod
 
 
 def test_readiness_prints_each_milestone_once_with_its_duration() -> None:
-    tracker = ReadinessTracker(start=100.0)
+    tracker = verdicts.ReadinessTracker(start=100.0)
     snapshots = [
         (101.5, pod(conditions={"PodScheduled": "True"})),
         (104.0, pod(conditions={"PodScheduled": "True"}, sidecar={"started": True, **RUNNING})),
@@ -54,15 +46,15 @@ def test_readiness_prints_each_milestone_once_with_its_duration() -> None:
 
 def test_stuck_and_restarted_containers_fail_at_once() -> None:
     pulling = pod(sidecar={"state": {"waiting": {"reason": "ErrImageNeverPull", "message": "image not present"}}})
-    assert pod_failure(pulling) == (
+    assert verdicts.pod_failure(pulling) == (
         "container lmcache of pod glm53-flash-7d9f-abcde is stuck in ErrImageNeverPull: image not present"
     )
     restarted = pod(engine={"restartCount": 1, "lastState": {"terminated": {"exitCode": 137, "reason": "Error"}}})
-    assert pod_failure(restarted) == (
+    assert verdicts.pod_failure(restarted) == (
         "container vllm of pod glm53-flash-7d9f-abcde restarted 1 time(s) (last exit code 137, reason Error); "
         "a failed startup probe restarts the engine"
     )
-    assert pod_failure(pod(engine={"state": {"waiting": {"reason": "ContainerCreating"}}})) is None
+    assert verdicts.pod_failure(pod(engine={"state": {"waiting": {"reason": "ContainerCreating"}}})) is None
 
 
 def test_pending_summary_names_what_is_missing_and_why() -> None:
@@ -70,7 +62,7 @@ def test_pending_summary_names_what_is_missing_and_why() -> None:
     unschedulable["status"]["conditions"] = [
         {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/1 nodes are available"}
     ]
-    assert pending_summary(unschedulable) == (
+    assert verdicts.pending_summary(unschedulable) == (
         "pod glm53-flash-7d9f-abcde reached [nothing], not [scheduled, sidecar lmcache started, vllm running, "
         "startup probe passed, Ready] (Unschedulable: 0/1 nodes are available)"
     )
@@ -78,27 +70,30 @@ def test_pending_summary_names_what_is_missing_and_why() -> None:
 
 def test_only_the_pod_with_the_engine_is_the_serving_pod() -> None:
     test_pod = {"spec": {"containers": [{"name": "validate"}]}}
-    assert is_serving_pod(pod())
-    assert not is_serving_pod(test_pod)
+    assert verdicts.is_serving_pod(pod())
+    assert not verdicts.is_serving_pod(test_pod)
 
 
 def test_geometry_is_shown_once_per_fact_and_compared_with_the_profile() -> None:
     flash, healthy = get_profile("glm53-flash"), list(parse_lines(example_log("healthy")))
     geometry = "geometry: group_tokens_per_block=[1152, 1152, 1152, 1152, 1152, 0], scheduler_block_size=1152"
-    assert geometry_lines(healthy, flash) == ["unified block size N = 1152 tokens", f"{geometry} (as expected)"]
-    assert geometry_lines(healthy, get_profile("glm53")) == [
+    assert verdicts.geometry_lines(healthy, flash) == [
+        "unified block size N = 1152 tokens",
+        f"{geometry} (as expected)",
+    ]
+    assert verdicts.geometry_lines(healthy, get_profile("glm53")) == [
         "unified block size N = 1152 tokens",
         f"{geometry} (expected [64])",
     ]
-    assert geometry_lines(parse_lines(example_log("wrong-chunk")), flash)[2:] == [
+    assert verdicts.geometry_lines(parse_lines(example_log("wrong-chunk")), flash)[2:] == [
         "problem: vLLM's engine died (EngineCore failed to start)",
         "problem: the connector refused chunk size 256 (must be a multiple of 1152)",
         "problem: vLLM's engine died (Engine core initialization failed)",
     ]
-    assert "problem: vLLM cannot reach the LMCache server at tcp://localhost:5555" in geometry_lines(
+    assert "problem: vLLM cannot reach the LMCache server at tcp://localhost:5555" in verdicts.geometry_lines(
         parse_lines(example_log("sidecar-unreachable")), flash
     )
-    assert geometry_lines([], flash) == ["geometry: no geometry line in the engine's log yet"]
+    assert verdicts.geometry_lines([], flash) == ["geometry: no geometry line in the engine's log yet"]
 
 
 # ------------------------------------------------------------------------------------------------------ artifacts
@@ -135,7 +130,7 @@ def test_artifacts_hold_describe_events_and_every_container_log() -> None:
     name = serving["metadata"]["name"]
     logs = {f"{name}/lmcache": "lmcache up\n", f"{name}/vllm": "engine log\n", f"{name}/vllm/previous": "died\n"}
     reader = FakeReader([serving, tester], events, logs)
-    artifacts = {str(a.path): a.text for a in collect_artifacts(reader, "glm53-smoke")}
+    artifacts = {str(a.path): a.text for a in verdicts.collect_artifacts(reader, "glm53-smoke")}
     assert sorted(artifacts) == [
         "events.txt",
         f"{name}/describe.txt",
@@ -168,5 +163,5 @@ def test_artifacts_hold_describe_events_and_every_container_log() -> None:
 
 
 def test_artifacts_of_an_empty_namespace_still_say_so() -> None:
-    artifacts = collect_artifacts(FakeReader([], [], {}), "glm53-smoke")
-    assert artifacts == [Artifact(PurePath("events.txt"), "(no events)\n")]
+    artifacts = verdicts.collect_artifacts(FakeReader([], [], {}), "glm53-smoke")
+    assert artifacts == [verdicts.Artifact(PurePath("events.txt"), "(no events)\n")]

@@ -217,7 +217,6 @@ class WaitReady:
 class ShowGeometry:
     """Read the engine's and the sidecar's container logs and print the cache geometry they agreed on."""
 
-    context: str
     namespace: str
     release: str
     profile: ModelProfile
@@ -308,7 +307,7 @@ def build_plan(options: SmokeOptions) -> Plan:
         Run(Phase.IMAGE, ("kind", "load", "docker-image", options.mock_image, "--name", options.cluster)),
         Run(Phase.INSTALL, helm_install_argv(options)),
         WaitReady(options.context, options.namespace, options.release, options.ready_timeout_s),
-        ShowGeometry(options.context, options.namespace, options.release, options.profile),
+        ShowGeometry(options.namespace, options.release, options.profile),
         Run(Phase.HELM_TEST, ("helm", "test", options.release, "--logs", "--timeout", "10m", *helm_target(options))),
         PortForwardValidate(
             forward_argv=(
