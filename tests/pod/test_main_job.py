@@ -290,11 +290,25 @@ def test_interrupted_pod_leaves_no_process(signum: int, tmp_path: Path, marker: 
     assert "Traceback" not in stderr
 
 
+def _sigint_at_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def interrupted(command: list[str], ready: str, signum: int, marker: str, at_least: int) -> str:
     """Run `command` until it prints a line starting with `ready`, check that `at_least` marked processes run, send
-    `signum`; its stderr, once it has exited 130 (the interrupt's exit status)."""
+    `signum`; its stderr, once it has exited 130 (the interrupt's exit status).
+
+    The command starts with SIGINT at its default, as in a terminal's foreground: a suite launched in the background of
+    a non-interactive shell (`nohup ... &`) inherits SIGINT ignored, Python keeps an inherited SIG_IGN (it installs its
+    KeyboardInterrupt handler only over SIG_DFL), and the command would then rightly shrug Ctrl-C off.
+    """
     process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        preexec_fn=_sigint_at_default,
     )
     assert process.stdout is not None
     seen = []
