@@ -164,8 +164,6 @@ class KVClient:
         )
         from lmcache.v1.multiprocess.group_view import EngineGroupInfo
 
-        self._probe.close()
-        self._probe = None
         self._layout = layout
         tp = layout.tensor_parallel_size
         extra = adapter_extra_config(self.connector)
@@ -206,6 +204,13 @@ class KVClient:
         self._scheduler = LMCacheMPSchedulerAdapter(
             list(urls), self._zmq, layout.model, block_size, strategy(0), extra_config=extra
         )
+        # The probe goes only now that every adapter has its socket. Each LMCache client binds a monitor endpoint named
+        # after its socket's descriptor (lmcache 0.5.6 zmq_impl/mq.py:312; pyzmq 27.3.0 sugar/socket.py:1146,
+        # `inproc://monitor.s-{FD}`), and closing a client (mq.py:505-509) leaves that endpoint to libzmq's reaper
+        # thread. Closed first, the probe handed its descriptor to the first worker's socket while its endpoint was
+        # still bound, and on a loaded machine that worker died of `ZMQError: Address already in use`.
+        self._probe.close()
+        self._probe = None
 
     def _poll(self, answer: Callable[[], T | None]) -> T:
         """`answer()` once it is not None; upstream sets no deadline here (a lost server makes the adapter unhealthy,
