@@ -7,7 +7,6 @@ import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TypedDict
 
 from glm53.errors import Glm53Error
 
@@ -46,33 +45,6 @@ def add_tp_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp-reps", type=int, default=10, help="timed rounds (default 10)")
 
 
-class RunOptions(TypedDict):
-    """The settings of `Settings` and `TpSettings` alike, from the options every run command takes (`add_run_options`;
-    --out is where a run writes, no setting)."""
-
-    warmup: int
-    device: str
-    server_args: tuple[str, ...]
-
-
-def add_run_options(p: argparse.ArgumentParser) -> None:
-    """The options of every run command: `plan`, `ipc` and `tp`."""
-    p.add_argument("--warmup", type=int, default=1, help="untimed requests (rounds) first (default 1)")
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    p.add_argument("--out", type=Path, help="directory for the JSON report and the server logs")
-    p.add_argument(
-        "--server-arg",
-        action="append",
-        dest="server_args",
-        metavar="FLAG",
-        help="a server flag beyond the chart's, for experiments (repeatable; --server-arg=--max-gpu-workers=8)",
-    )
-
-
-def run_options(args: argparse.Namespace) -> RunOptions:
-    return RunOptions(warmup=args.warmup, device=args.device, server_args=tuple(args.server_args or ()))
-
-
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -82,7 +54,16 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
             add_ipc_options(p)
         if name in ("plan", "tp"):
             add_tp_options(p)
-        add_run_options(p)
+        p.add_argument("--warmup", type=int, default=1, help="untimed requests (rounds) first (default 1)")
+        p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+        p.add_argument("--out", type=Path, help="directory for the JSON report and the server logs")
+        p.add_argument(
+            "--server-arg",
+            action="append",
+            dest="server_args",
+            metavar="FLAG",
+            help="a server flag beyond the chart's, for experiments (repeatable; --server-arg=--max-gpu-workers=8)",
+        )
     k = sub.add_parser("kernels")
     k.add_argument("--reps", type=int, default=10)
     k.add_argument("--out", type=Path)
@@ -94,9 +75,11 @@ def settings_from(args: argparse.Namespace) -> Settings:
         cases=tuple(parse_case(c) for c in (args.cases or DEFAULT_CASES)),
         chunks=parse_counts(args.chunks, "--chunks"),
         reps=args.reps,
+        warmup=args.warmup,
         l1_size_gb=args.l1_size_gb,
+        device=args.device,
         all_real_at=args.all_real_at,
-        **run_options(args),
+        server_args=tuple(args.server_args or ()),
     )
     check_settings(settings)
     return settings
@@ -109,7 +92,9 @@ def tp_settings_from(args: argparse.Namespace) -> TpSettings:
         layouts=tuple(x.strip() for x in args.layouts.split(",")),
         chunks=args.tp_chunks,
         reps=args.tp_reps,
-        **run_options(args),
+        warmup=args.warmup,
+        device=args.device,
+        server_args=tuple(args.server_args or ()),
     )
     check_tp_settings(tp)
     return tp
