@@ -30,7 +30,9 @@ echo "== ruff"
 ruff check src tests benchmarks docker scripts
 ruff format --check src tests benchmarks docker scripts
 echo "== mypy"
-mypy
+# mypy's incremental cache kept outside the clone (35 s cold, 2 s warm on 2 cores): mypy keys it by its own version
+# and options and checks every module's source hash on each run, so a changed file is checked again, never trusted.
+MYPY_CACHE_DIR="${GLM53_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/glm53}/mypy" mypy
 lint_s=$((SECONDS - started - setup_s))
 
 echo "== pytest"

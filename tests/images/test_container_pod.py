@@ -200,26 +200,37 @@ def test_the_real_engine_pod_runs_from_the_mock_image_and_validates(
 
 # Run inside the pod's sandbox (the mock image holds the toolkit): the fault suite's own load (glm53.pod.faults.load),
 # which stores new documents and reloads older ones and reads what the server found for each reload from the server's
-# /metrics; it says when to inject the fault, then, after `observe` seconds, prints every request's outcome as JSON.
+# /metrics. It says when to inject the fault (once a reload was served from LMCache, or after `warm` seconds at most),
+# then watches until the hits are back and confirmed, as the loopback fault suite does (glm53.pod.faults.table:
+# hits_confirmed), or `observe` seconds at most, and prints every request's outcome as JSON.
 LOAD_IN_POD = """
 import dataclasses, json, sys, time
 from glm53.pod.faults.load import Load, LoadShape
+from glm53.pod.faults.table import FaultWindow, hits_confirmed, row
 engine, lmcache, model, chunk, strict, warm, observe = sys.argv[1:]
 load = Load(engine, lmcache, model, LoadShape(document_tokens=2600), int(chunk), strict == "1", hang_s=60.0)
 load.start()
-time.sleep(float(warm))
-print("inject", load.now(), flush=True)
-time.sleep(float(observe))
+while load.now() < float(warm) and not any(o.kind == "reload" and o.hit_tokens for o in load.snapshot()):
+    time.sleep(0.5)
+injected = load.now()
+print("inject", injected, flush=True)
+while load.now() < injected + float(observe):
+    time.sleep(2.0)
+    outcomes = load.snapshot()
+    window = FaultWindow("kill", injected, load.now(), ())
+    if hits_confirmed(row(window, outcomes), window, outcomes):
+        break
 print(json.dumps([dataclasses.asdict(o) for o in load.stop()]), flush=True)
 """
 # SIGKILL to every process of the container but its init (the supervisor and the server, as the loopback fault suite
 # kills the sidecar's process group): tini then exits and Docker's restart policy applies. `docker kill` would not do:
 # it disables the container's restart policy until the container is next started (docker-kill(1)).
 KILL_ALL_BUT_INIT = ["python3", "-c", "import os, signal; os.kill(-1, signal.SIGKILL)"]
-# Seconds of load before the kill, and after it: the supervisor's hold (25 s with the chart's 10 s heartbeat), the
-# server's start, the engine's failed ping and registration, and a document stored and reloaded after that.
-WARM_S = 15
-OBSERVE_S = 120
+# Caps on the load before the kill (a reload served from LMCache ends it sooner), and after it (the hits back and
+# confirmed end it sooner): the supervisor's hold (25 s with the chart's 10 s heartbeat), the server's start, the
+# engine's failed ping and registration, and documents stored and reloaded after that.
+WARM_S = 60
+OBSERVE_S = 180
 
 
 @pytest.mark.docker
@@ -263,7 +274,8 @@ def test_a_sidecar_killed_under_load_is_restarted_and_nothing_is_lost(
     lmcache.reload()
     restarts = int(lmcache.attrs["RestartCount"])
     kill = RestartEvent(injected_s, "lmcache", "killed (SIGKILL)")
-    result = row(FaultWindow("kill (container)", injected_s, injected_s + OBSERVE_S, (kill,)), outcomes)
+    ended_s = max(o.started_s + o.seconds for o in outcomes)
+    result = row(FaultWindow("kill (container)", injected_s, ended_s, (kill,)), outcomes)
     print("\n" + "\n".join(format_table("container pod, the chart's settings:", [result])))
     logs = lmcache.logs().decode(errors="replace")
     assert restarts >= 1, f"Docker did not start the sidecar again; its logs:\n{logs[-3000:]}"

@@ -10,7 +10,7 @@ import pytest
 
 from glm53.pod.faults.load import Outcome
 from glm53.pod.faults.suite import FAULTS, Fault, parse_faults, pod_groups, with_mq_timeout
-from glm53.pod.faults.table import FaultWindow, format_table, row
+from glm53.pod.faults.table import CONFIRMING_RELOADS, FaultWindow, format_table, hits_confirmed, row
 from glm53.pod.kubelet import RestartEvent
 
 
@@ -53,6 +53,17 @@ def test_a_cache_that_never_came_back_says_never() -> None:
     table = format_table("chart settings:", [r])
     assert table[0] == "chart settings:" and table[1].split()[:4] == ["fault", "sent", "failed", "hung"]
     assert "never" in table[3] and "0/0" in table[3]
+
+
+def test_a_watch_ends_once_whole_hits_are_back_and_confirmed_by_later_reloads() -> None:
+    window = FaultWindow("kill", 10.0, 90.0, ())
+    lost = [reload(12.0, 2.0, 0), reload(20.0, 14.0, 0)]  # stored before the fault, and while the cache was dead
+    back = [reload(40.0 + 5 * i, 31.0 + 5 * i, 768) for i in range(CONFIRMING_RELOADS)]  # whole from 21 s on
+    assert not hits_confirmed(row(window, lost), window, lost)
+    unconfirmed = lost + back[:-1]
+    assert not hits_confirmed(row(window, unconfirmed), window, unconfirmed)
+    confirmed = lost + back
+    assert hits_confirmed(row(window, confirmed), window, confirmed)
 
 
 def test_faults_run_in_the_suites_order_whatever_the_lists() -> None:

@@ -43,7 +43,7 @@ from typing import Any
 from glm53.errors import EXIT_USAGE, Glm53Error
 from glm53.pod.contract import ENGINE_CONTAINER, SIDECAR_CONTAINER
 from glm53.pod.faults.load import Load, LoadShape
-from glm53.pod.faults.table import FaultRow, FaultWindow, row
+from glm53.pod.faults.table import FaultRow, FaultWindow, hits_confirmed, row
 from glm53.pod.kubelet import Kubelet, kubelet
 from glm53.pod.loopback import RunningPod, relocate, relocation_for, running_pod
 from glm53.pod.main_job import (
@@ -75,8 +75,6 @@ ABSENT_READY_S = 900.0
 # Upstream's defaults where the chart differs (charts/glm53/values.yaml, lmcache.resilience).
 UPSTREAM_RESILIENCE = {"kvLoadFailurePolicy": "fail", "restartHoldSeconds": 0, "warmUp": False}
 SETTINGS = ("chart", "upstream")
-# A fault's window ends once this many reloads after the hits came back were seen (or at its observe_s).
-CONFIRMING_RELOADS = 3
 # vLLM's local KV cache on the fault pod (real engine): 96 blocks of 64 tokens, a few documents only, so reloads come
 # from LMCache; vLLM refuses a cache smaller than one request of the model's length, hence the shorter context.
 LOCAL_BLOCKS = 96
@@ -357,12 +355,9 @@ def _watch(
         events = tuple(e for e in loop.restarts if injected <= e.at_s < now)
         again = tuple(e for e in loop.started_again if injected <= e.at_s < now)
         outcomes = load.snapshot()
-        current = row(FaultWindow(fault.name, injected, now, events, over, again), outcomes)
-        back = current.hits_back_s
-        confirming = [
-            o for o in outcomes if o.kind == "reload" and back is not None and (o.stored_at_s or 0) >= injected + back
-        ]
-        if len(confirming) >= CONFIRMING_RELOADS or now >= deadline:
+        window = FaultWindow(fault.name, injected, now, events, over, again)
+        current = row(window, outcomes)
+        if hits_confirmed(current, window, outcomes) or now >= deadline:
             return current
         time.sleep(2.0)
 

@@ -74,6 +74,21 @@ def row(window: FaultWindow, outcomes: Sequence[Outcome]) -> FaultRow:
     )
 
 
+# A fault's window may end once this many reloads of documents stored after the hits came back were seen: one whole
+# hit could be luck, three in a row say the new server stores and serves again.
+CONFIRMING_RELOADS = 3
+
+
+def hits_confirmed(current: FaultRow, window: FaultWindow, outcomes: Sequence[Outcome]) -> bool:
+    """Whether `current` (the row of `window` so far) has its hits back and confirmed by CONFIRMING_RELOADS reloads
+    of documents stored since: the condition on which a watch of a fault ends, rather than a fixed observing time."""
+    if current.hits_back_s is None:
+        return False
+    since = window.injected_s + current.hits_back_s
+    confirming = [o for o in outcomes if o.kind == "reload" and (o.stored_at_s or 0.0) >= since]
+    return len(confirming) >= CONFIRMING_RELOADS
+
+
 HEADER = ("fault", "sent", "failed", "hung", "over after", "hits back after", "hit tokens after recovery", "restarted")
 
 
