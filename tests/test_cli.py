@@ -120,6 +120,14 @@ def test_every_failure_is_one_line_on_stderr(
     assert capsys.readouterr().err == line + "\n"
 
 
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_a_usage_error_points_at_the_help_of_the_command_that_was_run(
+    capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    assert main([name, "--no-such-flag"]) == 2
+    assert capsys.readouterr().err.endswith(f" (see `glm53 {name} --help`)\n")
+
+
 def test_argparse_errors_are_argparses_own_again_after_a_command() -> None:
     # The one-line form is the dispatcher's; a parser used outside it behaves as argparse documents.
     main(["profiles"])

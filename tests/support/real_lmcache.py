@@ -24,11 +24,10 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 from glm53.testing.sidecar import serving
-from tests.support.chart_sidecar import chart_sidecar
+from tests.support.chart_sidecar import StandaloneSidecar, chart_sidecar
 
 FIXTURE = Path(__file__).resolve().parents[1] / "exporter" / "fixtures" / "lmcache-metrics.prom"
 LMCACHE = Path(sys.executable).with_name("lmcache")
@@ -46,33 +45,21 @@ NO_BANNER = {"LMCACHE_DISABLE_BANNER": "1"}
 QUIET_ENV = {"LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1", **NO_BANNER}
 
 
-@dataclass(frozen=True)
-class RealLMCache:
-    """A running server: its request port and its HTTP front's base URL (where `/metrics` lives)."""
-
-    port: int
-    http_url: str
-
-    @property
-    def metrics_url(self) -> str:
-        return f"{self.http_url}/metrics"
-
-
 def http_get(url: str) -> str:
     with urllib.request.urlopen(url, timeout=5) as response:
         return bytes(response.read()).decode()
 
 
 @contextmanager
-def running_lmcache(workdir: Path) -> Iterator[RealLMCache]:
+def running_lmcache(workdir: Path) -> Iterator[StandaloneSidecar]:
     """`lmcache server` as GLM-5.3-Flash's pod runs it (the chart's sidecar) on free loopback ports; stopped on exit."""
     sidecar = chart_sidecar(PROFILE, workdir)
     log = workdir / "lmcache-server.log"
     with serving(sidecar.argv, {**sidecar.env, **NO_BANNER}, sidecar.http_port, log, START_DEADLINE_SECONDS):
-        yield RealLMCache(sidecar.port, sidecar.http_url)
+        yield sidecar
 
 
-def send_one_request(server: RealLMCache) -> None:
+def send_one_request(server: StandaloneSidecar) -> None:
     """One bench sequence of PROMPT_TOKENS tokens: a cold request (lookup misses, store) and a warm one (lookup hits,
     retrieve), lmcache 0.5.6 lmcache/cli/commands/bench/server_bench/cases/baseline.py:106-112."""
     args = ["bench", "server", "--rpc-url", f"tcp://127.0.0.1:{server.port}", "--url", server.http_url]
@@ -86,7 +73,7 @@ def send_one_request(server: RealLMCache) -> None:
         raise RuntimeError(f"lmcache bench server failed ({bench.returncode}):\n{bench.stdout}{bench.stderr}")
 
 
-def settled_metrics(server: RealLMCache) -> str:
+def settled_metrics(server: StandaloneSidecar) -> str:
     """The `/metrics` page once the server has turned the request's events into metrics.
 
     A subscriber thread drains LMCache's event bus into the OTel instruments (lmcache 0.5.6
@@ -96,7 +83,7 @@ def settled_metrics(server: RealLMCache) -> str:
     deadline = time.monotonic() + SETTLE_DEADLINE_SECONDS
     previous: set[str] = set()
     while True:
-        page = http_get(server.metrics_url)
+        page = http_get(f"{server.http_url}/metrics")
         families = {line.split()[2] for line in page.splitlines() if line.startswith("# TYPE ")}
         settled = "lmcache_mp_event_bus_queue_depth 0.0" in page and families == previous
         if (settled and "lmcache_mp_lookup_hit_tokens_total" in families) or time.monotonic() > deadline:

@@ -26,6 +26,7 @@ from glm53.chunks import (
     recommend,
     required_alignment,
 )
+from glm53.commands.parser import command_parser
 from glm53.errors import Glm53Error
 from glm53.profiles import PROFILES, ModelProfile, get_profile
 
@@ -38,7 +39,7 @@ PROMPT_LENGTHS_FORMAT = (
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="glm53 chunk", description="LMCache chunk-size arithmetic.")
+    parser = command_parser("chunk", "LMCache chunk-size arithmetic.")
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     cov = actions.add_parser("coverage", help="tokens of one prompt LMCache can serve at a chunk size")
     cov.add_argument("--prompt-tokens", required=True, metavar="L")
@@ -61,13 +62,13 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     model.add_argument("--groups", metavar="G,G,...", help="group_tokens_per_block, e.g. 64 or 1152,1152,0")
     rec.add_argument("--strict-prefix", action="store_true", help="hybrid rule: at most floor((L-1)/C)*C")
-    rec.add_argument("--limit", default="16", metavar="K", help="consider the first K multiples (default 16)")
+    rec.add_argument("--limit", default="16", metavar="K", help="consider the first K multiples (default %(default)s)")
     rec.add_argument(
         "--chunk-overhead-tokens",
         default=str(DEFAULT_CHUNK_OVERHEAD_TOKENS),
         metavar="T",
         help="prefill tokens one chunk's hash, lookup and metadata are worth (an assumption; "
-        f"default {DEFAULT_CHUNK_OVERHEAD_TOKENS}, 0 ignores the cost)",
+        "default %(default)s, 0 ignores the cost)",
     )
     return parser
 

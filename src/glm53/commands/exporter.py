@@ -23,6 +23,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from glm53.chunks import require_positive
 from glm53.commands.argtypes import MAX_PORT
+from glm53.commands.parser import command_parser
 from glm53.errors import Glm53Error
 from glm53.exporter import names
 from glm53.exporter.collector import Glm53Collector, Upstream
@@ -35,10 +36,9 @@ DEFAULT_PORT = 9400
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="glm53 exporter",
-        description="Prometheus exporter: start-up geometry facts from the logs joined with vLLM's and LMCache's "
-        "cache metrics.",
+    parser = command_parser(
+        "exporter",
+        "Prometheus exporter: start-up geometry facts from the logs joined with vLLM's and LMCache's cache metrics.",
     )
     parser.add_argument("--log", action="append", required=True, type=Path, help="log file to follow (repeatable)")
     parser.add_argument("--profile", required=True, choices=sorted(PROFILES), help="model profile")
@@ -64,15 +64,15 @@ def build_parser() -> argparse.ArgumentParser:
         "its /metrics and /status; a negotiating server (lmcache 0.5.7) started with a key answers 401 without it "
         "(default: no key)",
     )
-    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default %(default)s)")
     parser.add_argument(
-        "--port", type=int, default=DEFAULT_PORT, help=f"port to listen on, 0 for any free one (default {DEFAULT_PORT})"
+        "--port", type=int, default=DEFAULT_PORT, help="port to listen on, 0 for any free one (default %(default)s)"
     )
     parser.add_argument(
         "--timeout",
         type=float,
         default=DEFAULT_TIMEOUT_SECONDS,
-        help=f"seconds to wait for each upstream per scrape (default {DEFAULT_TIMEOUT_SECONDS:g})",
+        help="seconds to wait for each upstream per scrape (default %(default)g)",
     )
     return parser
 

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 
+from glm53.commands.parser import command_parser
 from glm53.commands.session import add_session_arguments, session
 from glm53.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Glm53Error
 from glm53.pod.contract import ENGINES
@@ -28,9 +29,9 @@ HITS_BACK_BOUND_S = 60.0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="glm53 faults",
-        description="Run the chart's CPU pod on loopback (restarting containers as the kubelet does), put it under "
+    parser = command_parser(
+        "faults",
+        "Run the chart's CPU pod on loopback (restarting containers as the kubelet does), put it under "
         "load, and hurt its LMCache sidecar: kill, term, freeze, kill-slow, an idle engine past the reaper, and the "
         "sidecar gone when the engine starts (absent: back within the connector's mq_timeout; absent-long: past it). "
         "Prints, per setting: requests sent / failed / hung, seconds until LMCache hits return, hit tokens after "
@@ -50,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"comma-separated faults, played in this order whatever the list's: {', '.join(FAULTS)} (default: all; "
         "with --engine standin all but the absent ones)",
     )
-    parser.add_argument("--clients", type=int, default=2, help="concurrent clients of the load (default 2)")
+    parser.add_argument("--clients", type=int, default=2, help="concurrent clients of the load (default %(default)s)")
     parser.add_argument("--json", dest="json_path", metavar="FILE", help="also write the rows as JSON")
     add_session_arguments(parser, "where each setting's pod keeps its volumes and container logs (kept)")
     return parser

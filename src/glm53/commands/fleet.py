@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from glm53.commands.argtypes import positive_int
+from glm53.commands.parser import command_parser
 from glm53.commands.session import add_session_arguments, session
 from glm53.errors import EXIT_FAILURE, EXIT_OK
 from glm53.pod.contract import ENGINES
@@ -23,17 +24,17 @@ from glm53.validate.report import render_text, write_json
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="glm53 fleet",
-        description="Run N CPU-mock pods (each its own LMCache server and engine stand-in) behind the vLLM project's "
+    parser = command_parser(
+        "fleet",
+        "Run N CPU-mock pods (each its own LMCache server and engine stand-in) behind the vLLM project's "
         "router on loopback, validate the fleet through the router (equivalence, boundary) and stop it all.",
     )
-    parser.add_argument("--replicas", type=positive_int, default=3, help="number of pods (default 3)")
+    parser.add_argument("--replicas", type=positive_int, default=3, help="number of pods (default %(default)s)")
     parser.add_argument(
         "--router",
         default=DEFAULT_POLICY,
         choices=POLICIES,
-        help=f"vllm-router policy (default {DEFAULT_POLICY}); validation needs a prefix-affine one "
+        help="vllm-router policy (default %(default)s); validation needs a prefix-affine one "
         f"({', '.join(PREFIX_AFFINE)}): each pod has its own LMCache, so a cached run must reach the pod that stored; "
         "kv_aware makes the engines publish KV events on tcp://*:PORT (vLLM binds only wildcard endpoints)",
     )

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path, PurePath
 
 from glm53.commands.argtypes import MAX_PORT
+from glm53.commands.parser import command_parser
 from glm53.errors import Glm53Error
 from glm53.pod.contract import ENGINES
 from glm53.pod.kind.plan import (
@@ -37,9 +38,9 @@ from glm53.profiles import DEFAULT_PROFILE, PROFILES
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="glm53 kind-smoke",
-        description="Create a kind cluster, build and load the CPU mock image, install the chart in mock mode, wait "
+    parser = command_parser(
+        "kind-smoke",
+        "Create a kind cluster, build and load the CPU mock image, install the chart in mock mode, wait "
         "for Ready, run `helm test` and `glm53 validate`, collect artifacts on failure, tear down. Exit codes: "
         f"{EXIT_PREFLIGHT} preflight, {EXIT_CLUSTER_OR_IMAGE} cluster/image, {EXIT_INSTALL} install, "
         f"{EXIT_READINESS} readiness, {EXIT_VALIDATION} helm test/validation.",
@@ -58,32 +59,30 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"model profile (default: {DEFAULT_PROFILE} with the stand-in, {DEFAULT_REAL_PROFILE} with the real "
         "engine)",
     )
-    parser.add_argument("--name", default=DEFAULT_CLUSTER, help=f"kind cluster name (default {DEFAULT_CLUSTER})")
-    parser.add_argument(
-        "--namespace", default=DEFAULT_NAMESPACE, help=f"namespace of the release (default {DEFAULT_NAMESPACE})"
-    )
+    parser.add_argument("--name", default=DEFAULT_CLUSTER, help="kind cluster name (default %(default)s)")
+    parser.add_argument("--namespace", default=DEFAULT_NAMESPACE, help="namespace of the release (default %(default)s)")
     parser.add_argument(
         "--reuse", action="store_true", help="keep an existing cluster of that name (and keep it after)"
     )
     parser.add_argument("--keep", action="store_true", help="do not tear anything down at the end")
-    parser.add_argument("--node-image", default=NODE_IMAGE, help=f"kind node image (default {NODE_IMAGE})")
+    parser.add_argument("--node-image", default=NODE_IMAGE, help="kind node image (default %(default)s)")
     parser.add_argument(
         "--timeout",
         type=float,
         default=DEFAULT_READY_TIMEOUT_S,
-        help=f"seconds to wait for Ready (default {DEFAULT_READY_TIMEOUT_S:g})",
+        help="seconds to wait for Ready (default %(default)g)",
     )
     parser.add_argument(
         "--local-port",
         type=int,
         default=DEFAULT_LOCAL_PORT,
-        help=f"local end of the port-forward (default {DEFAULT_LOCAL_PORT})",
+        help="local end of the port-forward (default %(default)s)",
     )
     parser.add_argument(
         "--artifacts",
         type=Path,
         default=Path(DEFAULT_ARTIFACTS),
-        help=f"where failure reports go (default {DEFAULT_ARTIFACTS})",
+        help="where failure reports go (default %(default)s)",
     )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="print every step in order and exit; needs no tools")

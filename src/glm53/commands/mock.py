@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from glm53.commands.argtypes import json_object, positive_int
+from glm53.commands.parser import command_parser
 from glm53.mock import vllm_server
 from glm53.mock.connector import parse_connector_config, parse_kv_events_config
 from glm53.mock.engine import FAULTS
@@ -26,8 +27,8 @@ def _add_vllm(subparsers: Any) -> None:
     p = subparsers.add_parser("vllm", help="stand-in for `vllm serve` with the LMCache MP connector")
     p.add_argument("model", help="model id, e.g. zai-org/GLM-5.3-Flash")
     p.add_argument("--profile", choices=tuple(PROFILES), required=True, help="which model profile to emulate")
-    p.add_argument("--host", default="127.0.0.1", help="API host (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="API port (default 8000)")
+    p.add_argument("--host", default="127.0.0.1", help="API host (default %(default)s)")
+    p.add_argument("--port", type=int, default=8000, help="API port (default %(default)s)")
     p.add_argument("--tensor-parallel-size", type=positive_int, required=True)
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument(
@@ -54,17 +55,17 @@ def _add_vllm(subparsers: Any) -> None:
     p.add_argument("--served-model-name", help="name clients use (default: the model id)")
     p.add_argument("--max-model-len", type=positive_int, default=DEFAULT_MAX_MODEL_LEN)
     p.add_argument("--num-gpu-blocks-override", type=positive_int, help="local prefix-cache capacity in blocks")
-    p.add_argument("--load-seconds", type=float, default=2.0, help="simulated model load time (default 2)")
+    p.add_argument("--load-seconds", type=float, default=2.0, help="simulated model load time (default %(default)g)")
     p.add_argument("--fault", choices=FAULTS, help="inject a known failure (recovery-mismatch: seed 004)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the first-token log-prob noise (default 0)")
-    p.add_argument("--prefill-us-per-token", type=float, default=5.0, help="simulated prefill cost (default 5)")
-    p.add_argument("--decode-ms-per-token", type=float, default=0.5, help="simulated decode cost (default 0.5)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the first-token log-prob noise (default %(default)s)")
+    p.add_argument(
+        "--prefill-us-per-token", type=float, default=5.0, help="simulated prefill cost (default %(default)g)"
+    )
+    p.add_argument("--decode-ms-per-token", type=float, default=0.5, help="simulated decode cost (default %(default)g)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="glm53 mock", description="the CPU stand-in for `vllm serve` (the LMCache sidecar is the real server)"
-    )
+    parser = command_parser("mock", "the CPU stand-in for `vllm serve` (the LMCache sidecar is the real server)")
     subparsers = parser.add_subparsers(dest="server", required=True, metavar="{vllm}")
     _add_vllm(subparsers)
     return parser

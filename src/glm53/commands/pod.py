@@ -12,6 +12,7 @@ import shlex
 import sys
 from collections.abc import Sequence
 
+from glm53.commands.parser import command_parser
 from glm53.commands.session import add_session_arguments, session
 from glm53.errors import EXIT_FAILURE, EXIT_OK
 from glm53.mock.engine import FAULTS
@@ -31,9 +32,9 @@ from glm53.validate.report import render_text, write_json
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="glm53 pod",
-        description="Run the CPU pod (the real LMCache server as the sidecar + the real vLLM engine or its "
+    parser = command_parser(
+        "pod",
+        "Run the CPU pod (the real LMCache server as the sidecar + the real vLLM engine or its "
         "stand-in, each under glm53 supervise) on loopback, wait for the startup probe like the kubelet, validate it "
         "and stop it. Leaves no process behind.",
     )

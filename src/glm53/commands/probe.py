@@ -21,6 +21,7 @@ from pathlib import Path
 
 from glm53.chunks import parse_positive
 from glm53.commands.argtypes import non_negative_seconds, positive_float
+from glm53.commands.parser import command_parser
 from glm53.errors import Glm53Error
 from glm53.probe.judge import StartupFacts, Status, Verdict, evaluate
 from glm53.probe.logparse import parse_lines
@@ -39,7 +40,7 @@ _DEFAULT_WARM_UP_TIMEOUT = 8.0
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="glm53 probe", description="Probes for the kubelet.")
+    parser = command_parser("probe", "Probes for the kubelet.")
     probes = parser.add_subparsers(dest="probe", required=True, metavar="PROBE")
     startup = probes.add_parser(
         "startup",
@@ -63,7 +64,7 @@ def _build_parser() -> argparse.ArgumentParser:
         type=non_negative_seconds("0: no limit"),
         default=_DEFAULT_TIME_BUDGET,
         metavar="SECONDS",
-        help=f"stop reading after this long and continue next time (default {_DEFAULT_TIME_BUDGET}; 0: no limit)",
+        help="stop reading after this long and continue next time (default %(default)s; 0: no limit)",
     )
     startup.add_argument(
         "--warm-up",
@@ -77,8 +78,7 @@ def _build_parser() -> argparse.ArgumentParser:
         type=positive_float,
         default=_DEFAULT_WARM_UP_TIMEOUT,
         metavar="SECONDS",
-        help=f"how long the warm-up request may take (default {_DEFAULT_WARM_UP_TIMEOUT:g}; keep it under the "
-        "probe's timeoutSeconds)",
+        help="how long the warm-up request may take (default %(default)g; keep it under the probe's timeoutSeconds)",
     )
     startup.add_argument(
         "--state-dir",

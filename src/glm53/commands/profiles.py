@@ -6,10 +6,10 @@ sorted, two-space indent, one trailing newline.
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Sequence
 
+from glm53.commands.parser import command_parser
 from glm53.profiles import PROFILES, ModelProfile, ServingFlag, get_profile, profile_as_dict
 
 
@@ -65,7 +65,7 @@ def profile_text(profile: ModelProfile) -> str:
 
 
 def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="glm53 profiles", description="Print the model profiles.")
+    parser = command_parser("profiles", "Print the model profiles.")
     parser.add_argument("name", nargs="?", help=f"one profile: {', '.join(PROFILES)} (default: all)")
     parser.add_argument("--json", action="store_true", help="machine-readable output (what the Helm chart reads)")
     args = parser.parse_args(list(argv))

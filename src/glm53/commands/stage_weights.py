@@ -21,20 +21,21 @@ from pathlib import Path
 from types import FrameType
 
 from glm53.commands.argtypes import optional_port, positive_float, positive_int
+from glm53.commands.parser import command_parser
 from glm53.errors import EXIT_OK, Glm53Error
 from glm53.staging.status import read_status
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="glm53 stage-weights",
-        description="Stage a Hugging Face model repository into the cache on the weights volume before the engine "
+    parser = command_parser(
+        "stage-weights",
+        "Stage a Hugging Face model repository into the cache on the weights volume before the engine "
         "starts (resumable, verified, a completion marker), and the probe that waits for it.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = commands.add_parser("run", help="stage the repository (exit 0: staged; 1: one line saying why not)")
     run.add_argument("--repo", required=True, help="repository id, e.g. zai-org/GLM-5.3")
-    run.add_argument("--revision", default="main", help="branch, tag or 40-character commit (default: main)")
+    run.add_argument("--revision", default="main", help="branch, tag or 40-character commit (default: %(default)s)")
     run.add_argument(
         "--cache-dir",
         type=Path,
@@ -43,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--endpoint", help="the hub's URL (default: $HF_ENDPOINT, else https://huggingface.co)")
     run.add_argument("--token-file", type=Path, help="a file holding the hub token (the mounted Secret)")
-    run.add_argument("--max-workers", type=positive_int, default=8, help="files fetched at once (default 8)")
+    run.add_argument("--max-workers", type=positive_int, default=8, help="files fetched at once (default %(default)s)")
     run.add_argument(
         "--reverify",
         choices=("sizes", "full"),
@@ -54,7 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--link", type=Path, help="make this path a symlink to the staged snapshot")
     run.add_argument("--status-file", type=Path, help="where to keep the status the `status` probe reads")
     run.add_argument(
-        "--progress-seconds", type=positive_float, default=30.0, help="seconds between progress lines (default 30)"
+        "--progress-seconds",
+        type=positive_float,
+        default=30.0,
+        help="seconds between progress lines (default %(default)g)",
     )
     run.add_argument(
         "--metrics-port", type=optional_port, default=0, help="serve Prometheus metrics on this port (0: none)"

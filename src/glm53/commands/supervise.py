@@ -8,15 +8,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from glm53.commands.argtypes import non_negative_seconds, positive_float
+from glm53.commands.parser import command_parser
 from glm53.supervise import MIB, supervise
 
 DEFAULT_MAX_LOG_MB = 100.0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="glm53 supervise",
-        description="Run a server, copy its stdout+stderr to our stdout and to a rotated log file, forward "
+    parser = command_parser(
+        "supervise",
+        "Run a server, copy its stdout+stderr to our stdout and to a rotated log file, forward "
         "TERM/INT/HUP/QUIT/USR1/USR2, reap orphaned processes, and exit with the server's status as soon as it exits.",
     )
     parser.add_argument("--log", required=True, type=Path, help="log file to append to (rotated to FILE.1)")
@@ -24,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-log-mb",
         type=positive_float,
         default=DEFAULT_MAX_LOG_MB,
-        help=f"rotate before the log exceeds this many MiB (fractions allowed; default {DEFAULT_MAX_LOG_MB:g})",
+        help="rotate before the log exceeds this many MiB (fractions allowed; default %(default)g)",
     )
     parser.add_argument(
         "--hold-after-restart",

@@ -12,13 +12,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from glm53 import tinymodels
+from glm53.commands.parser import command_parser
 from glm53.errors import EXIT_FAILURE, EXIT_OK, Glm53Error
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="glm53 tiny-model",
-        description="Make a tiny CPU test model (a tokenizer trained here, a config, seeded random safetensors "
+    parser = command_parser(
+        "tiny-model",
+        "Make a tiny CPU test model (a tokenizer trained here, a config, seeded random safetensors "
         "weights) that the real vLLM engine serves in mock mode; deterministic, never downloaded.",
     )
     parser.add_argument("--shape", required=True, choices=tuple(tinymodels.SHAPES), help="which model to make")

@@ -120,6 +120,11 @@ class Served:
             return [r for method, p, r in self.requests if method == "GET" and p == path]
 
 
+def _url(server: ThreadingHTTPServer) -> str:
+    """The base URL of one of the stand-in's loopback servers, on the port it was given."""
+    return f"http://{LOCALHOST}:{server.server_address[1]}"
+
+
 class HubStandIn:
     """The hub's file API for `repos` on two loopback servers: the hub and its "CDN"."""
 
@@ -135,11 +140,11 @@ class HubStandIn:
 
     @property
     def endpoint(self) -> str:
-        return f"http://{LOCALHOST}:{self._hub.server_address[1]}"
+        return _url(self._hub)
 
     @property
     def cdn(self) -> str:
-        return f"http://{LOCALHOST}:{self._cdn.server_address[1]}"
+        return _url(self._cdn)
 
     def __enter__(self) -> HubStandIn:
         for thread in self._threads:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from glm53.errors import Glm53Error
 from glm53.profiles import DEFAULT_PROFILE, PROFILES, get_profile
-from glm53.validate.continuations import DEFAULT_PAIRS, DEFAULT_TOKENS
+from glm53.validate.continuations import DEFAULT_PAIRS, DEFAULT_TOKENS, TEMPLATES
 from glm53.validate.prompts import document_qa_prompt, prompt_from_file
 from glm53.validate.protocol import CHECKS
 from glm53.validate.runner import DEFAULT_ALPHA, DEFAULT_RUNS, DEFAULT_TIMEOUT, MIN_RUNS, ValidationConfig
@@ -30,19 +30,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--profile", default=DEFAULT_PROFILE, choices=list(PROFILES), help="model profile")
     parser.add_argument("--checks", default=",".join(CHECKS), help=f"comma-separated subset of {','.join(CHECKS)}")
     parser.add_argument(
-        "--runs", type=int, default=DEFAULT_RUNS, help=f"requests per condition, at least {MIN_RUNS} (default 16)"
+        "--runs",
+        type=int,
+        default=DEFAULT_RUNS,
+        help=f"requests per condition, at least {MIN_RUNS} (default %(default)s)",
     )
     parser.add_argument(
         "--pairs",
         type=int,
         default=DEFAULT_PAIRS,
-        help=f"paired continuations over the three templates, at least 3 (default {DEFAULT_PAIRS}, the seed's)",
+        help=f"paired continuations over the three templates, at least {len(TEMPLATES)} "
+        "(default %(default)s, the seed's)",
     )
     parser.add_argument(
         "--continuation-tokens",
         type=int,
         default=DEFAULT_TOKENS,
-        help=f"tokens per paired continuation (default {DEFAULT_TOKENS}, the seed's)",
+        help="tokens per paired continuation (default %(default)s, the seed's)",
     )
     parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help="significance level of Welch's t-test")
     parser.add_argument("--chunk-size", type=int, help="the LMCache chunk size in use (default: the profile's)")

@@ -26,6 +26,16 @@ class Sample:
     variance: float
     n: int
 
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Sample:
+        """Mean and unbiased (n-1) variance; at least two values are needed for a variance."""
+        n = len(values)
+        if n < 2:
+            raise Glm53Error(f"a t-test needs at least two observations per condition, got {n}")
+        mean = math.fsum(values) / n
+        variance = math.fsum((v - mean) ** 2 for v in values) / (n - 1)
+        return cls(mean, variance, n)
+
 
 @dataclass(frozen=True)
 class WelchResult:
@@ -38,19 +48,9 @@ class WelchResult:
     p: float
 
 
-def describe(values: Sequence[float]) -> Sample:
-    """Mean and unbiased (n-1) variance; at least two values are needed for a variance."""
-    n = len(values)
-    if n < 2:
-        raise Glm53Error(f"a t-test needs at least two observations per condition, got {n}")
-    mean = math.fsum(values) / n
-    variance = math.fsum((v - mean) ** 2 for v in values) / (n - 1)
-    return Sample(mean, variance, n)
-
-
 def welch_t_test(a: Sequence[float], b: Sequence[float]) -> WelchResult:
     """Two-sided Welch's t-test; identical constant samples give p = 1, different constant samples p = 0."""
-    sa, sb = describe(a), describe(b)
+    sa, sb = Sample.of(a), Sample.of(b)
     qa, qb = sa.variance / sa.n, sb.variance / sb.n
     se2 = qa + qb
     if se2 == 0.0:

@@ -178,18 +178,52 @@ def test_preflight_passes_with_new_enough_tools(machine: FakeMachine) -> None:
     ]
 
 
-def test_preflight_names_each_missing_or_old_tool_in_one_line_and_exits_10(machine: FakeMachine) -> None:
-    machine.tool("kind", {"version": ("kind v0.20.0 go1.20.4 linux/amd64", 0)})
-    machine.tool("kubectl", {"version": ("Client Version: v1.27.3\nKustomize Version: v5.0.1", 0)})
-    (machine.bin / "helm").unlink()
-    assert machine.preflight_problems() == [
-        "kind-smoke: preflight: kind 0.20.0 is too old; need >= 0.33.0 because the pinned node image is built for "
-        "kind v0.33.0 (https://kind.sigs.k8s.io/docs/user/quick-start/#installation)",
-        "kind-smoke: preflight: kubectl 1.27.3 is too old; need >= 1.33.0 because kubectl must be within 1 minor "
-        "version of the node's Kubernetes 1.34.11 (https://kubernetes.io/docs/tasks/tools/)",
-        "kind-smoke: preflight: helm not found on PATH; install helm >= 3.10.0 (https://helm.sh/docs/intro/install/)",
-        "glm53 kind-smoke: error: preflight failed: 3 problem(s), listed above; fix them and rerun",
-    ]
+@pytest.mark.parametrize(
+    ("tools", "missing", "problems"),
+    [
+        pytest.param(
+            {
+                "kind": {"version": ("kind v0.20.0 go1.20.4 linux/amd64", 0)},
+                "kubectl": {"version": ("Client Version: v1.27.3\nKustomize Version: v5.0.1", 0)},
+            },
+            ("helm",),
+            [
+                "kind-smoke: preflight: kind 0.20.0 is too old; need >= 0.33.0 because the pinned node image is built "
+                "for kind v0.33.0 (https://kind.sigs.k8s.io/docs/user/quick-start/#installation)",
+                "kind-smoke: preflight: kubectl 1.27.3 is too old; need >= 1.33.0 because kubectl must be within 1 "
+                "minor version of the node's Kubernetes 1.34.11 (https://kubernetes.io/docs/tasks/tools/)",
+                "kind-smoke: preflight: helm not found on PATH; install helm >= 3.10.0 "
+                "(https://helm.sh/docs/intro/install/)",
+                "glm53 kind-smoke: error: preflight failed: 3 problem(s), listed above; fix them and rerun",
+            ],
+            id="old kind and kubectl, no helm",
+        ),
+        pytest.param(
+            {
+                "docker": {
+                    "--version": ("Docker version 28.2.2, build e6534b4", 0),
+                    "info": ("Cannot connect to the Docker daemon at unix:///var/run/docker.sock.", 1),
+                },
+            },
+            (),
+            [
+                "kind-smoke: preflight: docker is installed but its daemon is not reachable (`docker info` said: "
+                "Cannot connect to the Docker daemon at unix:///var/run/docker.sock.); start Docker or give this user "
+                "access to its socket",
+                "glm53 kind-smoke: error: preflight failed: 1 problem(s), listed above; fix them and rerun",
+            ],
+            id="unreachable docker daemon",
+        ),
+    ],
+)
+def test_preflight_names_each_problem_in_one_line_and_exits_10(
+    machine: FakeMachine, tools: dict[str, dict[str, tuple[str, int]]], missing: tuple[str, ...], problems: list[str]
+) -> None:
+    for name, responses in tools.items():
+        machine.tool(name, responses)
+    for name in missing:
+        (machine.bin / name).unlink()
+    assert machine.preflight_problems() == problems
 
 
 def test_preflight_reports_old_docker_and_unreadable_versions(machine: FakeMachine) -> None:
@@ -202,22 +236,6 @@ def test_preflight_reports_old_docker_and_unreadable_versions(machine: FakeMachi
         "(got 'helm: command crashed'); install helm >= 3.10.0 (https://helm.sh/docs/intro/install/)",
     ]
     assert "docker info --format {{.ServerVersion}}" not in machine.calls()  # no daemon check behind an old client
-
-
-def test_preflight_reports_an_unreachable_docker_daemon(machine: FakeMachine) -> None:
-    machine.tool(
-        "docker",
-        {
-            "--version": ("Docker version 28.2.2, build e6534b4", 0),
-            "info": ("Cannot connect to the Docker daemon at unix:///var/run/docker.sock.", 1),
-        },
-    )
-    assert machine.preflight_problems() == [
-        "kind-smoke: preflight: docker is installed but its daemon is not reachable (`docker info` said: Cannot "
-        "connect to the Docker daemon at unix:///var/run/docker.sock.); start Docker or give this user access to "
-        "its socket",
-        "glm53 kind-smoke: error: preflight failed: 1 problem(s), listed above; fix them and rerun",
-    ]
 
 
 @pytest.mark.parametrize(
