@@ -1,16 +1,22 @@
-"""`glm53 supervise` as a real process: tee to stdout and file, rotation at the cap, exit codes, signal forwarding."""
+"""`glm53 supervise` as a real process: tee to stdout and file, rotation at the cap, exit codes, signal forwarding, and
+the L2 janitor (`--l2-dir`, `--l2-max-bytes`) bounding a directory its child writes."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+
+from tests.support.l2kit import CHUNK_NAME, chunk_name
 
 DEADLINE = 20.0
 TRAP_TERM = (
@@ -24,9 +30,9 @@ TRAP_TERM = (
 )
 
 
-def _supervise(log: Path, *command: str, max_log_mb: str | None = None) -> list[str]:
+def _supervise(log: Path, *command: str, max_log_mb: str | None = None, l2: Sequence[str] = ()) -> list[str]:
     cap = ["--max-log-mb", max_log_mb] if max_log_mb else []
-    return [sys.executable, "-m", "glm53", "supervise", "--log", str(log), *cap, "--", *command]
+    return [sys.executable, "-m", "glm53", "supervise", "--log", str(log), *cap, *l2, "--", *command]
 
 
 def _wait_for_text(path: Path, text: str) -> None:
@@ -199,3 +205,95 @@ def test_as_pid_1_it_reaps_orphans_and_returns_at_once(tmp_path: Path) -> None:
     result = subprocess.run(command, capture_output=True, text=True, timeout=DEADLINE)
     assert (result.returncode, result.stdout) == (5, "0\n")  # no zombie left, the child's status at once
     assert time.monotonic() - started < 5
+
+
+# A stand-in for LMCache's fs adapter: writes chunk files as it does (temp file, then renamed into place), one every
+# PAUSE seconds, and after each write records (seconds, bytes in the directory, bytes written so far) to OUT.
+CHUNK_WRITER = """
+import json, os, sys, time
+directory, name, count, size, pause, out = sys.argv[1:]
+os.makedirs(directory, exist_ok=True)
+
+def held():
+    total = 0
+    for entry in os.scandir(directory):
+        try:
+            total += entry.stat().st_size
+        except FileNotFoundError:
+            pass
+    return total
+
+samples, start = [], time.monotonic()
+for index in range(int(count)):
+    final = os.path.join(directory, name.format(index))
+    temp = final[: -len('.data')] + '.tmp'
+    with open(temp, 'wb') as file:
+        file.write(bytes(int(size)))
+    os.replace(temp, final)
+    samples.append((time.monotonic() - start, held(), (index + 1) * int(size)))
+    time.sleep(float(pause))
+with open(out, 'w') as file:
+    json.dump(samples, file)
+print('writer done', flush=True)
+"""
+CHUNK_BYTES = 4096
+L2_MAX_BYTES = 16 * CHUNK_BYTES
+CHUNKS = 200
+PAUSE = 0.02  # some 160 KiB a second: 2.5 times the bound between two janitor passes
+# A pass comes every second; what was written within this window may not have been seen by one yet.
+WINDOW = 2.0
+
+
+def test_the_l2_janitor_keeps_a_directory_bounded_and_says_so_in_the_log(tmp_path: Path) -> None:
+    directory, log, record = tmp_path / "l2", tmp_path / "s.log", tmp_path / "samples.json"
+    l2 = ["--l2-dir", str(directory), "--l2-max-bytes", str(L2_MAX_BYTES)]
+    writer = [sys.executable, "-c", CHUNK_WRITER, str(directory), CHUNK_NAME, str(CHUNKS), str(CHUNK_BYTES)]
+    result = subprocess.run(
+        _supervise(log, *writer, str(PAUSE), str(record), l2=l2), capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    samples = json.loads(record.read_text())
+    for at, held, written in samples:
+        recent = written - max((w for t, _, w in samples if t <= at - WINDOW), default=0)
+        assert held <= L2_MAX_BYTES + recent, f"{held} bytes at {at:.2f} s, {recent} written in the {WINDOW:g} s before"
+    assert samples[-1][2] >= 10 * L2_MAX_BYTES  # what the directory would hold without the janitor
+    # Oldest first: what is left is the newest files, all of them up to the last one written.
+    left = sorted(path.name for path in directory.iterdir())
+    assert left == [chunk_name(index) for index in range(CHUNKS - len(left), CHUNKS)]
+    line = re.compile(rf"l2 janitor: deleted \d+ files? \(.+\), {re.escape(str(directory))} now .+ of 64\.0 KiB bound")
+    assert any(line.fullmatch(text) for text in log.read_text().splitlines()), log.read_text()
+    assert any(line.fullmatch(text) for text in result.stdout.splitlines())
+
+
+@pytest.mark.parametrize(
+    ("l2", "message"),
+    [
+        (["--l2-dir", "d"], "--l2-dir needs --l2-max-bytes: give both to bound the L2 directory, or neither"),
+        (["--l2-max-bytes", "9"], "--l2-max-bytes needs --l2-dir: give both to bound the L2 directory, or neither"),
+        (
+            ["--l2-dir", "d", "--l2-max-bytes", "0"],
+            "argument --l2-max-bytes: expected a whole number of at least 1, got '0'",
+        ),
+        (
+            ["--l2-dir", "d", "--l2-max-bytes", "1e9"],
+            "argument --l2-max-bytes: expected a whole number of at least 1, got '1e9'",
+        ),
+    ],
+)
+def test_the_l2_flags_go_together_and_the_bound_is_a_byte_count(tmp_path: Path, l2: list[str], message: str) -> None:
+    result = subprocess.run(_supervise(tmp_path / "s.log", "true", l2=l2), capture_output=True, text=True, timeout=20)
+    assert (result.returncode, result.stderr) == (
+        2,
+        f"glm53 supervise: error: {message} (see `glm53 supervise --help`)\n",
+    )
+
+
+def test_an_l2_dir_that_is_a_file_is_one_line(tmp_path: Path) -> None:
+    afile = tmp_path / "l2"
+    afile.write_text("")
+    l2 = ["--l2-dir", str(afile), "--l2-max-bytes", "1"]
+    result = subprocess.run(_supervise(tmp_path / "s.log", "true", l2=l2), capture_output=True, text=True, timeout=20)
+    assert (result.returncode, result.stderr) == (
+        2,
+        f"glm53 supervise: error: --l2-dir {afile} is not a directory; give the fs L2 adapter's base_path\n",
+    )

@@ -18,6 +18,7 @@ from .plan import (
     DEFAULT_CASES,
     DEFAULT_CHUNKS,
     DEFAULT_TP_CASES,
+    L2_DESCRIPTIONS,
     Settings,
     TpSettings,
     check_settings,
@@ -64,6 +65,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
             metavar="FLAG",
             help="a server flag beyond the chart's, for experiments (repeatable; --server-arg=--max-gpu-workers=8)",
         )
+        p.add_argument(
+            "--l2",
+            choices=tuple(L2_DESCRIPTIONS),
+            default="fs",
+            help="the servers' L2 tier, as the chart's lmcache.l2.type: fs (its default; a temporary directory on "
+            "this host's disk) or off",
+        )
     k = sub.add_parser("kernels")
     k.add_argument("--reps", type=int, default=10)
     k.add_argument("--out", type=Path)
@@ -80,6 +88,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         device=args.device,
         all_real_at=args.all_real_at,
         server_args=tuple(args.server_args or ()),
+        l2=args.l2,
     )
     check_settings(settings)
     return settings
@@ -95,6 +104,7 @@ def tp_settings_from(args: argparse.Namespace) -> TpSettings:
         warmup=args.warmup,
         device=args.device,
         server_args=tuple(args.server_args or ()),
+        l2=args.l2,
     )
     check_tp_settings(tp)
     return tp

@@ -79,7 +79,7 @@ def run_case(torch: Any, case: Case, settings: Settings, out_dir: Path) -> dict[
     result: dict[str, Any] = {"case": case.label, "bytes_per_token": case.bytes_per_token, "server_log": f"{label}.log"}
     rounds: dict[tuple[int, str], list[dict[str, Any]]] = {}
     l1 = settings.l1_for(case)
-    with running_servers(case, settings.device, l1, 1, out_dir, label, settings.server_args) as servers:
+    with running_servers(case, settings.device, l1, 1, out_dir, label, settings.server_args, settings.l2) as servers:
         worker = Worker(torch, case, SINGLE_ROLE, settings.max_chunks(case), device, servers[0].url)
         try:
             result["group_infos"] = [repr(info) for info in worker.group_infos]

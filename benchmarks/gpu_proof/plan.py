@@ -25,6 +25,13 @@ LMCACHE_L1_INIT_GB = 20.0
 SERVER_LAYOUTS = ("one", "per-rank")
 
 
+# The chart's lmcache.l2.type values the proof can run, as its plan names them.
+L2_DESCRIPTIONS = {
+    "fs": "fs (the chart's default), a temporary directory on this host's disk per server",
+    "off": "off (L1 only)",
+}
+
+
 @dataclass(frozen=True)
 class Settings:
     """What one `ipc` run does: per case and chunk count, `reps` timed requests after `warmup` untimed ones; at
@@ -38,6 +45,7 @@ class Settings:
     device: str
     all_real_at: int = 8
     server_args: tuple[str, ...] = ()  # flags beyond the chart's sidecar flags, for experiments (--server-arg)
+    l2: str = "fs"  # the chart's lmcache.l2.type: `fs` (its default, in a temporary directory here) or `off`
 
     @property
     def requests(self) -> int:
@@ -74,6 +82,7 @@ class TpSettings:
     warmup: int
     device: str
     server_args: tuple[str, ...] = ()  # flags beyond the chart's sidecar flags, for experiments (--server-arg)
+    l2: str = "fs"  # as Settings.l2
 
     @property
     def requests(self) -> int:
@@ -117,13 +126,16 @@ def plan_lines(settings: Settings, tp: TpSettings | None = None) -> list[str]:
             f"MiB stored/restored per request by chunks: {per_point}; "
             f"GPU {gpu_bytes_for(case, settings.max_chunks(case)) / 2**30:.1f} GiB, L1 {settings.l1_for(case):g} GB"
         )
+    if settings.l2 != "fs":
+        lines.append(f"  ipc servers' L2 tier, not the chart's: {L2_DESCRIPTIONS[settings.l2]}")
     if settings.server_args:
         lines.append(f"  ipc server flags beyond the chart's: {' '.join(settings.server_args)}")
     return lines if tp is None else lines + tp_plan_lines(tp)
 
 
 def tp_plan_lines(tp: TpSettings) -> list[str]:
-    lines = [f"  tp server flags beyond the chart's: {' '.join(tp.server_args)}"] if tp.server_args else []
+    lines = [f"  tp servers' L2 tier, not the chart's: {L2_DESCRIPTIONS[tp.l2]}"] if tp.l2 != "fs" else []
+    lines += [f"  tp server flags beyond the chart's: {' '.join(tp.server_args)}"] if tp.server_args else []
     for case in tp.cases:
         for ranks in tp.ranks:
             for layout in tp.layouts:

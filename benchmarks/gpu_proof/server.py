@@ -11,6 +11,7 @@ import importlib
 import json
 import os
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -36,7 +37,14 @@ SERVER_ENV = {"LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1", "LMCACHE_DISA
 
 
 def server_argv(
-    program: Sequence[str], case: Case, *, port: int, http_port: int, l1_size_gb: float, shm_name: str | None
+    program: Sequence[str],
+    case: Case,
+    *,
+    port: int,
+    http_port: int,
+    l1_size_gb: float,
+    shm_name: str | None,
+    l2_dir: Path | None,
 ) -> list[str]:
     """`program` and the sidecar's flags as the chart renders them for an install of this case (`profile`,
     `lmcache.chunkSize`, `lmcache.separateObjectGroups`; charts/glm53/templates/engine/_lmcache.tpl,
@@ -45,13 +53,17 @@ def server_argv(
     The GPU host runs this proof without helm-python-sdk, so the flags are spelled here;
     tests/benchmarks/test_gpu_proof_dryrun.py proves they equal the chart's, ports and L1 size aside. `--shm-name` is
     the CPU rehearsal's own: it puts L1 in a POSIX SHM segment (lmcache 0.5.6
-    lmcache/v1/multiprocess/server.py:442-461), which the chart never asks for.
+    lmcache/v1/multiprocess/server.py:442-461), which the chart never asks for. `l2_dir`: the chart's default fs L2
+    tier in that directory (glm53.lmcacheL2Adapter), None for `lmcache.l2.type=off`.
     """
     argv = [*program, "--host", LOCALHOST, "--port", str(port), "--chunk-size", str(case.chunk_size)]
     if case.separate_object_groups:
         argv.append("--separate-object-groups")
     argv += ["--l1-size-gb", f"{l1_size_gb:g}", "--eviction-policy", "LRU"]
-    argv += ["--http-host", LOCALHOST, "--http-port", str(http_port), "--no-run-script-api-enabled"]
+    argv += ["--http-host", LOCALHOST, "--http-port", str(http_port)]
+    if l2_dir is not None:
+        argv += ["--l2-adapter", json.dumps({"base_path": str(l2_dir), "type": "fs"}, separators=(",", ":"))]
+    argv.append("--no-run-script-api-enabled")
     return argv if shm_name is None else [*argv, "--shm-name", shm_name]
 
 
@@ -180,25 +192,36 @@ def running_servers(
     out_dir: Path,
     label: str,
     extra_args: Sequence[str] = (),
+    l2: str = "fs",
 ) -> Iterator[list[ServerHandle]]:
     """`count` real servers with the sidecar's flags (`server_argv`, then `extra_args`), started in parallel, each a
-    process of its own running `lmcache-server` (the released server with phase probes); yields their handles and
-    stops them all."""
+    process of its own running `lmcache-server` (the released server with phase probes), each with its own fs L2
+    directory under a temporary one (removed after) unless `l2` is `off`; yields their handles and stops them all."""
     ports = free_ports(2 * count)
     logs = [out_dir / (f"{label}.log" if count == 1 else f"{label}-s{i}.log") for i in range(count)]
     program = (sys.executable, str(PACKAGE_DIR), "lmcache-server", "server")
     managers = []
+    tiers = contextlib.ExitStack()
+    l2_root = (
+        None if l2 == "off" else Path(tiers.enter_context(tempfile.TemporaryDirectory(prefix="glm53-gpu-proof-l2-")))
+    )
     for i, log in enumerate(logs):
         phase_log = log.with_suffix(".phases.jsonl")
         phase_log.unlink(missing_ok=True)
         shm_name = f"glm53-gpu-proof-{os.getpid()}-{ports[2 * i]}" if device == "cpu" else None
         argv = server_argv(
-            program, case, port=ports[2 * i], http_port=ports[2 * i + 1], l1_size_gb=l1_size_gb, shm_name=shm_name
+            program,
+            case,
+            port=ports[2 * i],
+            http_port=ports[2 * i + 1],
+            l1_size_gb=l1_size_gb,
+            shm_name=shm_name,
+            l2_dir=None if l2_root is None else l2_root / f"server-{i}",
         )
         argv += list(extra_args)
         env = {**SERVER_ENV, PHASE_LOG_ENV: str(phase_log)}
         managers.append(serving(argv, env, ports[2 * i + 1], log, SERVER_START_SECONDS))
-    with contextlib.ExitStack() as stack:
+    with tiers, contextlib.ExitStack() as stack:
         handles: list[ServerHandle] = []
         errors: list[BaseException] = []
         with concurrent.futures.ThreadPoolExecutor(max_workers=count) as pool:

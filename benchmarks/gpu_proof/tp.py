@@ -127,7 +127,7 @@ def run_tp_case(case: Case, ranks: int, layout: str, tp: TpSettings, out_dir: Pa
     commands = [ctx.Queue() for _ in roles]
     started = time.monotonic()
     l1 = tp.l1_per_server_gb(case, ranks, layout)
-    with running_servers(case, tp.device, l1, n_servers, out_dir, label, tp.server_args) as servers:
+    with running_servers(case, tp.device, l1, n_servers, out_dir, label, tp.server_args, tp.l2) as servers:
         result["server_start_s"] = time.monotonic() - started
         procs = [
             ctx.Process(

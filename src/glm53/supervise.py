@@ -21,6 +21,12 @@ lmcache/integration/vllm/vllm_multi_process_adapter.py:593-614, 1716-1761), and 
 instance, known or not (lmcache/v1/multiprocess/modules/management.py:105-120), so a server back before a ping timed
 out is never told about the engine and rejects every store (LMCache #4642). Held longer than the ping period plus its
 timeout, the restart is always seen.
+
+With an L2 bound (`--l2-dir DIR --l2-max-bytes N`), the same process runs the janitor that keeps LMCache's filesystem
+L2 directory under N bytes (`glm53.l2janitor`: that tier never evicts, and the emptyDir under it evicts the pod), from
+before the server starts until supervision ends; its lines reach stdout and the log file like the server's. With a
+shared tier (`--wait-for-resp HOST:PORT`), the server starts only once that Redis answers (`glm53.l2gate`: LMCache's
+Redis client connects once, at start, and a failed connect leaves its lookups hanging).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -39,6 +46,8 @@ from types import FrameType
 from typing import BinaryIO
 
 from glm53.errors import Glm53Error
+from glm53.l2gate import RespEndpoint, wait_for_tier
+from glm53.l2janitor import Bound, Janitor
 
 MIB = 1024 * 1024
 # Shell conventions for a command that could not be started.
@@ -59,24 +68,29 @@ PR_GET_CHILD_SUBREAPER = 37
 
 
 class RotatingLog:
-    """An append-only log file that is renamed to `<path>.1` before a write would push it past `max_bytes`."""
+    """An append-only log file that is renamed to `<path>.1` before a write would push it past `max_bytes`.
+
+    Writes are serialised: the L2 janitor's thread writes its lines between the child's.
+    """
 
     def __init__(self, path: Path, max_bytes: int) -> None:
         self.path = path
         self.max_bytes = max_bytes
         self._file = self._open()
+        self._lock = threading.Lock()
 
     def _open(self) -> BinaryIO:
         return open(self.path, "ab")
 
     def write(self, data: bytes) -> None:
-        size = self._file.tell()
-        if size > 0 and size + len(data) > self.max_bytes:
-            self._file.close()
-            os.replace(self.path, self.path.with_name(self.path.name + ".1"))
-            self._file = self._open()
-        self._file.write(data)
-        self._file.flush()
+        with self._lock:
+            size = self._file.tell()
+            if size > 0 and size + len(data) > self.max_bytes:
+                self._file.close()
+                os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+                self._file = self._open()
+            self._file.write(data)
+            self._file.flush()
 
     def close(self) -> None:
         self._file.close()
@@ -233,15 +247,44 @@ def hold_restart(log: RotatingLog, start: int, hold_seconds: float) -> None:
     time.sleep(hold_seconds)
 
 
-def supervise(command: Sequence[str], log_path: Path, max_log_bytes: int, hold_after_restart_s: float = 0.0) -> int:
-    """Run `command` until it exits, teeing its output; returns the exit status to use for ourselves."""
+def _janitor(bound: Bound | None, log: RotatingLog) -> contextlib.AbstractContextManager[object]:
+    """The L2 janitor for `bound`, its lines copied like the child's (to stdout and the log), or nothing to run."""
+    if bound is None:
+        return contextlib.nullcontext()
+    tee = LineTee(log, sys.stdout.buffer)  # its own: the child's tee holds a partial line between reads
+    return Janitor(bound, lambda line: tee.feed(f"{line}\n".encode()))
+
+
+def supervise(
+    command: Sequence[str],
+    log_path: Path,
+    max_log_bytes: int,
+    hold_after_restart_s: float = 0.0,
+    l2_bound: Bound | None = None,
+    l2_tier: RespEndpoint | None = None,
+) -> int:
+    """Run `command` until it exits, teeing its output; returns the exit status to use for ourselves.
+
+    With `l2_bound`, a janitor keeps that directory under its bound from before the server starts (also while a
+    restart is held: other servers of the pod may write the same directory) until supervision ends. With `l2_tier`,
+    the server starts only once that Redis answers its credentials (`glm53.l2gate`).
+    """
     if not command:
         raise Glm53Error("no command given; put the server command after `--`, e.g. -- vllm serve MODEL ...")
     try:
         log = RotatingLog(log_path, max_log_bytes)
     except OSError as error:
         raise Glm53Error(f"cannot append to the log file {log_path}: {error.strerror}") from None
-    hold_restart(log, count_start(log_path), hold_after_restart_s)
+    with contextlib.closing(log), _janitor(l2_bound, log):
+        hold_restart(log, count_start(log_path), hold_after_restart_s)
+        if l2_tier is not None:
+            tee = LineTee(log, sys.stdout.buffer)
+            wait_for_tier(l2_tier, os.environ, lambda line: tee.feed(f"{line}\n".encode()))
+        return _run(command, log)
+
+
+def _run(command: Sequence[str], log: RotatingLog) -> int:
+    """Start the child with our signal handlers forwarding to it, and copy its output until it exits."""
     children: list[subprocess.Popen[bytes]] = []
     pending: list[int] = []
 
@@ -264,4 +307,3 @@ def supervise(command: Sequence[str], log_path: Path, max_log_bytes: int, hold_a
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        log.close()

@@ -200,6 +200,7 @@ def test_the_proofs_server_runs_the_charts_sidecar_flags(name: str) -> None:
         http_port=int(sidecar.option("--http-port")),
         l1_size_gb=float(sidecar.option("--l1-size-gb")),
         shm_name=None,
+        l2_dir=Path(json.loads(sidecar.option("--l2-adapter"))["base_path"]),
     )
     assert tuple(built) == sidecar.served_argv
     assert set(server.SERVER_ENV.items()) - set(sidecar.env) == {("LMCACHE_DISABLE_BANNER", "1")}

@@ -139,6 +139,23 @@ REJECTED = {
 }
 
 
+# Each lmcache.l2 choice, and what LMCache's own parser must build from the rendered `--l2-adapter` (its type's
+# from_dict, lmcache 0.5.6 l2_adapters/config.py:447-500): the chart's default fs tier, a shared Redis with auth (the
+# password comes from the environment, never the argv), and none.
+L2_REDIS = {"host": "redis.cache.svc", "port": 6380, "numWorkers": 4, "auth": {"secretName": "glm53-l2-redis"}}
+L2_TIERS: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = {
+    "fs": (
+        {"type": "fs"},
+        [{"class": "FSL2AdapterConfig", "base_path": "/var/cache/glm53/lmcache-l2", "use_odirect": False}],
+    ),
+    "resp": (
+        {"type": "resp", "resp": L2_REDIS},
+        [{"class": "RESPL2AdapterConfig", "host": "redis.cache.svc", "port": 6380, "num_workers": 4, "password": ""}],
+    ),
+    "off": ({"type": "off"}, []),
+}
+
+
 def chart_argv(tool: str, objs: list[Obj]) -> list[str]:
     return engine_argv(objs) if tool == "vllm" else sidecar_argv(objs)
 
@@ -152,6 +169,10 @@ def cases(tool: str) -> dict[str, list[str]]:
         found[f"after:{i}"] = [*base, *extra]
         found[f"before:{i}"] = [*base[:positional], *extra, *base[positional:]]
     found["harmless"] = chart_argv(tool, render(HARMLESS))
+    if tool == "lmcache":
+        found.update(
+            {f"l2:{name}": sidecar_argv(render({"lmcache": {"l2": l2}})) for name, (l2, _) in L2_TIERS.items()}
+        )
     found["rejected"] = REJECTED[tool][0]
     return found
 
@@ -260,6 +281,15 @@ def test_sidecar_argv_parses_with_lmcache_and_keeps_the_server_private(name: str
         flag = "--lmcache-api-key-file"
         sent = [exporter["args"][exporter["args"].index(flag) + 1]] if flag in exporter["args"] else []
         assert sent == key_files
+
+
+@pytest.mark.parametrize("tier", L2_TIERS)
+def test_each_l2_tier_parses_with_lmcache_into_the_adapter_the_chart_means(tier: str) -> None:
+    result = parsed("lmcache")[f"l2:{tier}"]
+    assert "ok" in result, f"LMCache 0.5.6 rejects the {tier} tier's sidecar argv: {result.get('error')}"
+    built = result["ok"]["l2"]
+    expected = L2_TIERS[tier][1]
+    assert [{k: b[k] for k in e} for b, e in zip(built, expected, strict=True)] == expected
 
 
 def test_harmless_extra_arguments_render_parse_and_leave_the_guarded_values_alone() -> None:

@@ -201,6 +201,30 @@ GUARDS: dict[str, tuple[dict[str, Any], str]] = {
         "read-only mounts (CSI drivers such as GCE PD refuse to attach it read-write to several nodes); set "
         "weights.readOnly=true, with weights.offline=true since nothing can be downloaded into a read-only cache",
     ),
+    "shared l2 without a host": (
+        {"lmcache": {"l2": {"type": "resp"}}},
+        "lmcache.l2.type=resp needs lmcache.l2.resp.host: set it to your Redis or Valkey Service (the chart does not "
+        "run one), or set lmcache.l2.type=fs for the pod-local tier",
+    ),
+    "shared l2 with auth and no secret": (
+        {"lmcache": {"l2": {"type": "resp", "resp": {"host": "redis"}}}},
+        "lmcache.l2.type=resp with auth on (the default) needs lmcache.l2.resp.auth.secretName: create a Secret "
+        'holding the Redis password (kubectl create secret generic glm53-l2-redis --from-literal=password="$(openssl '
+        'rand -hex 24)") and name it there, or set lmcache.l2.resp.auth.enabled=false for a Redis no one else can '
+        "reach",
+    ),
+    "shared l2 network policy without labels": (
+        {
+            "lmcache": {
+                "l2": {
+                    "type": "resp",
+                    "resp": {"host": "redis", "auth": {"secretName": "r"}, "networkPolicy": {"enabled": True}},
+                }
+            }
+        },
+        "lmcache.l2.resp.networkPolicy.enabled=true needs lmcache.l2.resp.networkPolicy.redisPodLabels: set the "
+        "labels of your Redis pods (e.g. app.kubernetes.io/name: redis), or set networkPolicy.enabled=false",
+    ),
 }
 
 
@@ -222,6 +246,8 @@ BYPASSES: list[tuple[str, list[str], str]] = [
     ("lmcache", ["--host=0.0.0.0"], "--host"),
     ("lmcache", ["--chunk", "256"], "--chunk-size"),
     ("lmcache", ["--no-separate-object-groups"], "--no-separate-object-groups"),
+    ("lmcache", ["--l2-adapter", '{"type":"fs","base_path":"/data"}'], "--l2-adapter"),
+    ("lmcache", ["--l2-a={}"], "--l2-adapter"),
     ("vllm", ["--kv-cache-dtype", "fp8"], "--kv-cache-dtype"),
     ("vllm", ["--kv-cache-dtype=fp8"], "--kv-cache-dtype"),
     ("vllm", ["--no-enable-prefix-caching"], "--no-enable-prefix-caching"),
@@ -292,6 +318,23 @@ def test_dra_needs_kubernetes_1_34() -> None:
         {"replicaCount": 1, "weights": {"source": "existingPvc", "existingClaim": "w"}},  # one pod: RWO is fine
         {"replicaCount": 2, "fullnameOverride": "g" * 52},  # the longest StatefulSet name whose pods get created
         {"fullnameOverride": "g" * 63},  # one replica: a Deployment, no revision label of that form
+        # Each L2 tier; the shared one without auth only when asked, and fenced by a NetworkPolicy.
+        {"lmcache": {"l2": {"type": "off"}}},
+        {"lmcache": {"l2": {"type": "fs", "fs": {"sizeGi": 0.5}}}},
+        {"lmcache": {"l2": {"type": "resp", "resp": {"host": "redis", "auth": {"secretName": "r"}}}}},
+        {
+            "lmcache": {
+                "l2": {
+                    "type": "resp",
+                    "resp": {
+                        "host": "redis",
+                        "auth": {"enabled": False},
+                        "networkPolicy": {"enabled": True, "redisPodLabels": {"app": "redis"}},
+                    },
+                }
+            }
+        },
+        {"lmcache": {"extraArgs": ["--l2-store-policy", "skip_l1"]}},  # the tier's policies stay the user's
     ],
 )
 def test_near_misses_render(values: dict[str, Any]) -> None:
@@ -311,6 +354,9 @@ def test_near_misses_render(values: dict[str, Any]) -> None:
         ({"weights": {"source": "s3"}}, "source"),
         ({"updateStrategy": {"type": "Surge"}}, "type"),
         ({"weights": {"existingClaimAccessMode": "RWX"}}, "existingClaimAccessMode"),
+        ({"lmcache": {"l2": {"type": "s3"}}}, "type"),  # the chart sizes, mounts and fences only fs and resp
+        ({"lmcache": {"l2": {"fs": {"sizeGi": 0}}}}, "sizeGi"),
+        ({"lmcache": {"l2": {"resp": {"password": "hunter2"}}}}, "password"),  # only from a Secret
     ],
 )
 def test_schema_refuses_unknown_keys_and_bad_types(values: dict[str, Any], fragment: str) -> None:

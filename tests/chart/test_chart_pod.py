@@ -47,14 +47,23 @@ def all_containers(objs: list[Obj]) -> list[Obj]:
     return [*spec.get("initContainers", []), *spec["containers"]]
 
 
+# The default fs L2 tier: its directory, and the janitor's bound, 85 % of the default 200 GiB sizeLimit.
+L2_DIR = "/var/cache/glm53/lmcache-l2"
+L2_JANITOR = ["--l2-dir", L2_DIR, "--l2-max-bytes", str(int(200 * 0.85 * 2**30))]
+L2_ADAPTER = ["--l2-adapter", json.dumps({"base_path": L2_DIR, "type": "fs"}, separators=(",", ":"))]
+
+
 def supervised(c: Obj) -> tuple[str, list[str]]:
-    """(log file, program + args) of a container run under `glm53 supervise --log FILE [--hold-after-restart S] --`;
-    the sidecar is held back 25 s on a restart (two 10 s heartbeat intervals and 5 s), the engine never."""
+    """(log file, program + args) of a container run under `glm53 supervise --log FILE [--hold-after-restart S]
+    [--l2-dir DIR --l2-max-bytes N | --wait-for-resp HOST:PORT] --`; the sidecar is held back 25 s on a restart (two
+    10 s heartbeat intervals and 5 s) and its supervisor keeps the default fs L2 tier bounded or waits for the shared
+    one; the engine gets none of these."""
     assert c["command"] == ["/usr/bin/tini", "--", "glm53", "supervise"]  # tini is PID 1, as in the images
     args: list[str] = c["args"]
-    hold = ["--hold-after-restart", "25"] if c["name"] == "lmcache" else []
-    assert args[0] == "--log" and args[2 : 3 + len(hold)] == [*hold, "--"], args[:5]
-    return args[1], args[3 + len(hold) :]
+    tier = ["--wait-for-resp", args[args.index("--wait-for-resp") + 1]] if "--wait-for-resp" in args else L2_JANITOR
+    options = ["--hold-after-restart", "25", *tier] if c["name"] == "lmcache" else []
+    assert args[0] == "--log" and args[2 : 3 + len(options)] == [*options, "--"], args[:9]
+    return args[1], args[3 + len(options) :]
 
 
 # --- start order and the exact command lines ---------------------------------------------------------------------
@@ -78,7 +87,7 @@ def test_default_flash_command_lines_are_exact() -> None:
     assert program == [
         "lmcache", "server", "--host", "127.0.0.1", "--port", "5555", "--chunk-size", "1152",
         "--separate-object-groups", "--l1-size-gb", "100", "--eviction-policy", "LRU",
-        "--http-host", "127.0.0.1", "--http-port", "8080", "--no-run-script-api-enabled",
+        "--http-host", "127.0.0.1", "--http-port", "8080", *L2_ADAPTER, "--no-run-script-api-enabled",
     ]  # fmt: skip
     log, program = supervised(container(objs, "vllm"))
     assert log == "/var/log/glm53/vllm.log"
@@ -541,3 +550,31 @@ def test_a_negotiating_server_takes_its_api_key_from_the_secret_and_the_exporter
     default = render({})
     assert "--api-key-file" not in container(default, "lmcache")["args"]
     assert all(v["name"] != "lmcache-api-key" for v in pod_spec(default)["volumes"])
+
+
+# --- the L2 tier's directory --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["default", "glm53", "mock", "mock-real-engine"])
+def test_the_fs_l2_tier_is_a_disk_emptydir_only_the_sidecars_mount(name: str) -> None:
+    """LMCache 0.5.6's fs tier loads any same-size file in its directory as KV, unchecked (docs/operations.md, "The L2
+    tier"; tests/test_l2_damaged_object.py): so the directory is the pod's own, on disk, and nothing but the LMCache
+    sidecars can write there."""
+    spec = pod_spec(scenario(name))
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "lmcache-l2"]
+    assert volume == {"name": "lmcache-l2", "emptyDir": {"sizeLimit": "200Gi"}}
+    mounting = [
+        c["name"]
+        for c in all_containers(scenario(name))
+        if any(m["name"] == "lmcache-l2" for m in c.get("volumeMounts", []))
+    ]
+    sidecars = [c["name"] for c in spec["initContainers"] if "lmcache" in c["args"] and "server" in c["args"]]
+    assert mounting == sidecars and mounting
+
+
+def test_no_l2_tier_renders_no_volume_janitor_or_adapter() -> None:
+    objs = render({"lmcache": {"l2": {"type": "off"}}})
+    sidecar = container(objs, "lmcache")
+    assert not [v for v in pod_spec(objs)["volumes"] if v["name"] == "lmcache-l2"]
+    assert not {"--l2-dir", "--l2-adapter", "--wait-for-resp"} & set(sidecar["args"])
+    assert "ephemeral-storage" not in sidecar["resources"]["requests"]

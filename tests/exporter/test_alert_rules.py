@@ -13,6 +13,10 @@ Prometheus report it (a gauge flips, a counter grows, the exporter's series go s
 never invents a series, so every name a case uses is one the real pod serves or Prometheus writes for its targets; a
 rollout's new pod serves the same pages under its own pod name and address. Timing is the chart's: samples at the
 ServiceMonitor's interval, rules evaluated at the Prometheus Operator's default interval.
+
+A pod with a given L2 tier, or with none, is the captured pod whose exporter page carries, in place of its own, the L2
+tier's families of a page the real `lmcache server` served with that tier or without one (`fixtures/lmcache-l2-*.prom`,
+made by `real_l2.py`), as the exporter's pass-through re-exposes them (`glm53.exporter.collector.passthrough_families`).
 """
 
 from __future__ import annotations
@@ -28,10 +32,16 @@ from typing import Any
 import promql_parser
 import pytest
 import yaml
+from prometheus_client import generate_latest
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector, CollectorRegistry
 
+from glm53.exporter.collector import passthrough_families
+from glm53.exporter.upstream import parse_exposition
 from glm53.pod import chart
 from glm53.pod.contract import DEFAULT_RELEASE, ENGINE_CONTAINER, EXPORTER_CONTAINER
+from tests.exporter.real_l2 import FS_PAGE, FS_UNREADABLE_PAGE, L2_FAMILY_PREFIXES, OFF_PAGE, RESP_UNREACHABLE_PAGE
 from tests.support.dockerkit import require_tool
 
 REPO = Path(__file__).resolve().parents[2]
@@ -189,6 +199,32 @@ def healthy_pod(targets: Mapping[str, Mapping[str, str]]) -> dict[Series, float]
     return pod
 
 
+class _Families(Collector):
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> list[Metric]:
+        return self._families
+
+
+def exporter_l2_page(server_page: Path) -> str:
+    """The L2 tier's families of a captured `lmcache server` page as the exporter serves them: its pass-through of the
+    pod's one server, rendered by prometheus_client as the exporter's /metrics renders its registry."""
+    snapshot = parse_exposition(server_page.read_text(encoding="utf-8"))
+    registry = CollectorRegistry()
+    registry.register(_Families([f for f in passthrough_families([snapshot]) if f.name.startswith(L2_FAMILY_PREFIXES)]))
+    return generate_latest(registry).decode()
+
+
+def with_l2_tier(
+    pod: Mapping[Series, float], server_page: Path, targets: Mapping[str, Mapping[str, str]]
+) -> dict[Series, float]:
+    """The pod with the L2 tier of `server_page`: its exporter page's L2 families are that server's."""
+    exporter = targets[EXPORTER_CONTAINER]
+    kept = {s: v for s, v in pod.items() if not (s.name.startswith(L2_FAMILY_PREFIXES) and s.picked_by(None, exporter))}
+    return {**kept, **scraped(exporter_l2_page(server_page), exporter)}
+
+
 # --- time: promtool's expanding notation at the scrape interval ---------------------------------------------------
 
 
@@ -261,14 +297,25 @@ def jumps(by: float) -> Values:
 
 
 def serving(after: float) -> Values:
-    """A token counter under steady traffic: each minute it grows by its whole captured value (so the pod's ratios
-    stay the captured ones), and from the fault by `after` times that."""
+    """A counter under steady traffic: each minute it grows by its whole captured value (so the pod's ratios stay the
+    captured ones), and from the fault by `after` times that."""
 
     def values(timeline: Timeline, value: float) -> str:
         at_fault = value + timeline.scrapes(timeline.fault_min) * timeline.per_scrape(value)
         return timeline.runs(value, value, at_fault, value * after)
 
     return values
+
+
+def starts_serving() -> Values:
+    """A counter that stands still until the fault and from then on grows each minute by its whole captured value."""
+    return lambda timeline, value: timeline.runs(value, 0.0, value + timeline.per_scrape(value), value)
+
+
+def appears() -> Values:
+    """A series that is not there until the fault and is then held at its captured value (a gauge observed only while
+    its condition holds)."""
+    return lambda timeline, value: timeline.arrives(value)
 
 
 # --- the cases ----------------------------------------------------------------------------------------------------
@@ -291,13 +338,15 @@ def change(name: str | None, values: Values, **labels: str) -> Change:
 @dataclass(frozen=True)
 class Scenario:
     """The healthy pod, with `changes` from `fault_min` on, watched until `check_min` (minutes); `rollout`: from the
-    fault on, a new pod (NEW_POD_SUFFIX at NEW_POD_IP) serves the same pages, healthy."""
+    fault on, a new pod (NEW_POD_SUFFIX at NEW_POD_IP) serves the same pages, healthy; `l2`: the pod runs the L2 tier
+    of this captured server page."""
 
     name: str
     changes: tuple[Change, ...]
     check_min: float
     fault_min: float = FAULT_AT
     rollout: bool = False
+    l2: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -338,6 +387,31 @@ STEADY_TRAFFIC = Scenario(
     fault_min=BASELINE_MIN,
     check_min=BASELINE_MIN + 30,
 )
+
+# The L2 tier's store and load counters.
+L2_STORES = (
+    "lmcache_mp_l2_store_submitted_requests_total",
+    "lmcache_mp_l2_store_submitted_objects_chunks_total",
+    "lmcache_mp_l2_store_completed_requests_total",
+    "lmcache_mp_l2_store_completed_objects_chunks_total",
+)
+L2_LOADS = (
+    "lmcache_mp_l2_prefetch_load_submitted_requests_total",
+    "lmcache_mp_l2_prefetch_load_submitted_objects_chunks_total",
+    "lmcache_mp_l2_load_completed_requests_total",
+    "lmcache_mp_l2_prefetch_load_completed_chunks_total",
+)
+# A pod without an L2 tier: no adapter attached, none of the tier's counters.
+NO_L2 = Scenario("a-pod-without-an-l2-tier", (), check_min=HEALTHY_FOR, fault_min=HEALTHY_FOR, l2=OFF_PAGE)
+# A pod whose fs L2 tier stores and loads steadily: each minute it stores and loads what the captured server did.
+L2_STEADY = Scenario(
+    "an-fs-l2-tier-storing-and-loading-steadily",
+    tuple(change(name, serving(1.0)) for name in L2_STORES + L2_LOADS),
+    check_min=HEALTHY_FOR,
+    fault_min=HEALTHY_FOR,
+    l2=FS_PAGE,
+)
+L2_SUMMARY = f"The LMCache L2 tier on {POD} fails or hangs on its stores or loads"
 
 FAULTS = (
     Fault(
@@ -438,6 +512,65 @@ FAULTS = (
         f"Requests on {POD} failed to load their KV cache from the LMCache sidecar",
         labels={},
         by=BY_POD,
+    ),
+    Fault(
+        "Glm53LMCacheL2Failing",
+        Scenario(
+            # What the captured resp tier did once its Redis was killed, on the healthy fs tier's counters: stores are
+            # still submitted and each still counts a completed request, but no chunk is stored any more.
+            "the-l2-tier-stops-storing",
+            (
+                *(change(name, serving(1.0)) for name in L2_STORES[:3]),
+                change("lmcache_mp_l2_store_completed_objects_chunks_total", serving(0.0)),
+            ),
+            FAULT_AT + 15,
+            l2=FS_PAGE,
+        ),
+        "warning",
+        L2_SUMMARY,
+        labels={},
+        by=BY_POD,
+    ),
+    Fault(
+        "Glm53LMCacheL2Failing",
+        Scenario(
+            # As the captured fs tier whose chunk files were cut short: every chunk a lookup found fails to load.
+            "l2-loads-fail",
+            (
+                change("lmcache_mp_l2_prefetch_load_submitted_objects_chunks_total", serving(1.0)),
+                change("lmcache_mp_l2_prefetch_failure_chunks_total", starts_serving(), reason="not_found"),
+            ),
+            FAULT_AT + 15,
+            l2=FS_UNREADABLE_PAGE,
+        ),
+        "warning",
+        L2_SUMMARY,
+        labels={},
+        by=BY_POD,
+    ),
+    *(
+        Fault("Glm53LMCacheL2Failing", scenario, "warning", L2_SUMMARY, labels={}, by=BY_POD)
+        for scenario in (
+            # As the captured resp tier whose Redis never answered: the store stays in flight and none completes;
+            # nothing else is sent (held counters), so only the hung store shows it.
+            Scenario(
+                "an-l2-store-hangs-on-a-redis-that-never-answered",
+                (change("lmcache_mp_num_inflight_l2_stores", appears()),),
+                FAULT_AT + 12,
+                l2=RESP_UNREACHABLE_PAGE,
+            ),
+            # The same tier under traffic: stores keep being submitted, and no stored-chunks series exists at all.
+            Scenario(
+                "stores-go-to-a-redis-that-never-answered",
+                (
+                    change("lmcache_mp_num_inflight_l2_stores", appears()),
+                    change("lmcache_mp_l2_store_submitted_requests_total", starts_serving()),
+                    change("lmcache_mp_l2_store_submitted_objects_chunks_total", starts_serving()),
+                ),
+                FAULT_AT + 12,
+                l2=RESP_UNREACHABLE_PAGE,
+            ),
+        )
     ),
     *(
         Fault(
@@ -580,6 +713,13 @@ def pod(monitoring: RenderedMonitoring) -> dict[Series, float]:
     return healthy_pod(monitoring.targets)
 
 
+def scenario_pod(
+    scenario: Scenario, pod: Mapping[Series, float], monitoring: RenderedMonitoring
+) -> dict[Series, float]:
+    """The pod a scenario starts from: the healthy one, with the scenario's L2 tier if it has one."""
+    return dict(pod) if scenario.l2 is None else with_l2_tier(pod, scenario.l2, monitoring.targets)
+
+
 def test_every_alert_the_chart_renders_has_a_fault_that_fires_it(monitoring: RenderedMonitoring) -> None:
     assert {fault.alert for fault in FAULTS} == set(monitoring.rules())
     assert len({fault.scenario.name for fault in FAULTS}) == len(FAULTS)
@@ -588,12 +728,15 @@ def test_every_alert_the_chart_renders_has_a_fault_that_fires_it(monitoring: Ren
 def test_the_healthy_pod_serves_every_series_the_alerts_read(
     monitoring: RenderedMonitoring, pod: dict[Series, float]
 ) -> None:
-    """Otherwise an alert would be silent on it only for lack of input."""
-    served = {series.name for series in pod}
+    """Otherwise an alert would be silent on it only for lack of input. The L2 tier's series are served by a pod with
+    one, and its failure counters once something failed (they appear with their first count)."""
+    l2_pods = [scenario_pod(f.scenario, pod, monitoring) for f in FAULTS if f.scenario.l2 is not None]
+    served = {series.name for one in (pod, *l2_pods) for series in one}
     for alert, rule in monitoring.rules().items():
         missing = selected_names(rule["expr"]) - served
         assert not missing, (
-            f"{alert} reads {sorted(missing)}, which the captured pages lack; run tests/support/real_pod.py"
+            f"{alert} reads {sorted(missing)}, which the captured pages lack; run tests/support/real_pod.py "
+            "(or tests/exporter/real_l2.py for the L2 tier's)"
         )
 
 
@@ -605,15 +748,19 @@ def test_the_fault_fires_its_alert(
     scenario = fault.scenario
     before = scenario.fault_min - seconds(monitoring.scrape_interval) / 60
     checks = [Check(fault.alert, before), Check(fault.alert, scenario.check_min, (expected_alert(fault, monitoring),))]
-    run_promtool(promtool_group(scenario, checks, pod, monitoring.scrape_interval), monitoring.groups, tmp_path)
+    base = scenario_pod(scenario, pod, monitoring)
+    run_promtool(promtool_group(scenario, checks, base, monitoring.scrape_interval), monitoring.groups, tmp_path)
 
 
+@pytest.mark.parametrize("scenario", [HEALTHY, NO_L2, L2_STEADY], ids=lambda scenario: scenario.name)
 def test_no_alert_fires_on_the_healthy_pod(
-    monitoring: RenderedMonitoring, pod: dict[Series, float], tmp_path: Path
+    scenario: Scenario, monitoring: RenderedMonitoring, pod: dict[Series, float], tmp_path: Path
 ) -> None:
-    """Every alert, in one promtool run (its report names the alert that fired)."""
-    checks = [Check(alert, HEALTHY.check_min) for alert in monitoring.rules()]
-    run_promtool(promtool_group(HEALTHY, checks, pod, monitoring.scrape_interval), monitoring.groups, tmp_path)
+    """Every alert, in one promtool run (its report names the alert that fired): on the captured pod, on that pod
+    without an L2 tier, and with an fs L2 tier that stores and loads every chunk, as the captured one did."""
+    checks = [Check(alert, scenario.check_min) for alert in monitoring.rules()]
+    base = scenario_pod(scenario, pod, monitoring)
+    run_promtool(promtool_group(scenario, checks, base, monitoring.scrape_interval), monitoring.groups, tmp_path)
 
 
 def test_no_alert_fires_through_a_rollout(

@@ -1,6 +1,7 @@
 """The alert rules and the Grafana dashboard: valid YAML/JSON, PromQL that a real parser accepts, and only metric names
-that really exist: those the exporter serves (its own, and the LMCache families it passes through from a page the real
-`lmcache server` produced) and those vLLM 0.33 serves (the vLLM stand-in's registry, held to vLLM's real names), and in
+that really exist: those the exporter serves (its own, and the LMCache families it passes through from the pages the
+real `lmcache server` produced, without an L2 tier and with the L2 tiers of `fixtures/lmcache-l2-*.prom`) and those
+vLLM 0.33 serves (the vLLM stand-in's registry, held to vLLM's real names), and in
 the alerts Prometheus's own `up` for the exporter's scrape target."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from prometheus_client import generate_latest
 
 from glm53.mock.vllm_metrics import VllmMetrics
 from glm53.staging.metrics import sample_names as stage_sample_names
+from tests.exporter.real_l2 import L2Pages
 from tests.support.exporter_fakes import LMCACHE_PAGE, LMCACHE_URL, MODEL, VLLM_PAGE, VLLM_URL, copy_logs, wired
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,14 +44,18 @@ def _sample_names(page: str) -> set[str]:
 
 @pytest.fixture(scope="module")
 def known_metrics(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
-    """Every sample name the exporter serves when fed LMCache's real page and vLLM's counters, plus vLLM's own names
-    (the stand-in's registry, whose names a conformance test holds to vLLM 0.33's)."""
+    """Every sample name the exporter serves when fed LMCache's real pages (without and with an L2 tier, healthy or
+    failing: a failure counter appears with its first count) and vLLM's counters, plus vLLM's own names (the stand-in's
+    registry, whose names a conformance test holds to vLLM 0.33's)."""
     vllm_names = _sample_names(generate_latest(VllmMetrics(MODEL, lambda: 0.0).registry).decode())
-    pages = {VLLM_URL: VLLM_PAGE, LMCACHE_URL: LMCACHE_PAGE}
-    with wired(list(copy_logs(tmp_path_factory.mktemp("logs"))), pages) as (registry, _):
-        exporter = {sample.name for family in registry.collect() for sample in family.samples}
+    exporter: set[str] = set()
+    for lmcache_page in (LMCACHE_PAGE, *L2Pages.read().files().values()):
+        pages = {VLLM_URL: VLLM_PAGE, LMCACHE_URL: lmcache_page}
+        with wired(list(copy_logs(tmp_path_factory.mktemp("logs"))), pages) as (registry, _):
+            exporter |= {sample.name for family in registry.collect() for sample in family.samples}
     # Sanity of the source: the log facts, the joined ratios and LMCache's passed-through families are all there.
     assert {"glm53_geometry_info", "glm53_prefix_cache_hit_ratio", "lmcache_mp_l1_usage_ratio"} <= exporter
+    assert "lmcache_mp_l2_store_submitted_objects_chunks_total" in exporter
     return exporter | vllm_names
 
 
@@ -119,6 +125,7 @@ def test_every_alert_has_summary_description_and_a_runbook_section() -> None:
         "Glm53LMCacheUnreachable",
         "Glm53LMCacheRestarting",
         "Glm53ExternalHitRatioCollapsed",
+        "Glm53LMCacheL2Failing",
         "Glm53ExporterScrapeFailing",
         "Glm53UpstreamScrapeErrors",
     }
@@ -169,6 +176,9 @@ def test_dashboard_has_the_panels_an_operator_opens_first() -> None:
     ttft = exprs["Time to first token"]
     assert "histogram_quantile(" in ttft and "vllm:time_to_first_token_seconds_bucket" in ttft
     assert "lmcache_mp_l1_memory_usage_bytes" in exprs["LMCache L1 memory"]
+    l2 = exprs["LMCache L2 tier: stores and loads"]
+    assert "lmcache_mp_l2_store_completed_objects_chunks_total" in l2
+    assert "lmcache_mp_l2_prefetch_failure_chunks_total" in l2
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
 

@@ -50,7 +50,7 @@ def mock_pod() -> PodPlan:
 
 def relocation(workdir: Path, ports: dict[int, int] | None = None) -> Relocation:
     """The chart's volumes under `workdir`, /dev/shm kept, as `relocation_for` would place them."""
-    volumes = {name: workdir / name for name in ("logs", "tmp", "weights")}
+    volumes = {name: workdir / name for name in ("logs", "tmp", "weights", "lmcache-l2")}
     return Relocation(MOVED if ports is None else ports, {**volumes, "shm": Path(SHM)})
 
 
@@ -125,6 +125,11 @@ def test_relocate_moves_mount_paths_to_the_volume_dirs_and_drops_tini(mock_pod: 
     # The exporter has no supervisor in front (nothing to drop), but reads the same logs.
     exporter = moved.container("exporter")
     assert exporter.argv[:4] == ("glm53", "exporter", "--log", str(logs / "vllm.log"))
+    # The fs L2 tier's directory moves in the janitor's flag and inside the server's JSON adapter argument alike.
+    sidecar = moved.container("lmcache")
+    tier = str(tmp_path / "lmcache-l2")
+    assert sidecar.option("--l2-dir") == tier
+    assert json.loads(sidecar.option("--l2-adapter")) == {"base_path": tier, "type": "fs"}
 
 
 def test_simultaneous_moves_swap_instead_of_moving_twice(mock_pod: PodPlan, tmp_path: Path) -> None:
@@ -318,3 +323,18 @@ def test_relocation_moves_every_per_rank_servers_ports_in_the_connectors_url_lis
     assert urls == [f"tcp://127.0.0.1:{c.option('--port')}" for c in servers]
     assert [c.option("--port") for c in servers] == [str(relocation.port(5560 + i)) for i in range(4)]
     assert len({relocation.port(p) for p in (*range(5560, 5564), *range(8090, 8094))}) == 8
+
+
+def test_a_variable_from_a_secret_gets_the_value_it_was_created_with_else_a_fresh_one(tmp_path: Path) -> None:
+    values = {**MOCK_VALUES, "lmcache": {"l2": {"type": "resp", "resp": {"host": "127.0.0.1", "port": 6380}}}}
+    values["lmcache"]["l2"]["resp"]["auth"] = {"secretName": "glm53-l2-redis"}
+    pod = deployment_pod(chart.render(values))
+    assert pod.container("lmcache").secret_env == (("LMCACHE_RESP_PASSWORD", "glm53-l2-redis", "password"),)
+
+    given = relocate(pod, relocation_for(pod, tmp_path, {("glm53-l2-redis", "password"): "s3cret"}))
+    assert dict(given.container("lmcache").env)["LMCACHE_RESP_PASSWORD"] == "s3cret"
+    assert given.container("lmcache").secret_env == ()
+    made_up = relocation_for(pod, tmp_path).secret_values[("glm53-l2-redis", "password")]
+    assert len(made_up) == 48 and made_up != relocation_for(pod, tmp_path).secret_values[("glm53-l2-redis", "password")]
+    # The Redis port is no pod port: it stays as the chart rendered it.
+    assert json.loads(given.container("lmcache").option("--l2-adapter"))["port"] == 6380

@@ -72,13 +72,18 @@ def test_init_containers_keep_their_order_and_kind() -> None:
     ]
 
 
-def test_env_from_a_secret_is_refused() -> None:
-    spec = {"containers": [{"name": "c", "image": "x", "env": [{"name": "TOKEN", "valueFrom": {}}]}]}
+def test_env_from_a_secret_key_is_kept_as_a_reference_and_any_other_source_refused() -> None:
+    secret = {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}
+    plain = {"name": "A", "value": "1"}
+    pod = pod_from_spec("p", {"containers": [{"name": "c", "image": "x", "env": [plain, secret]}]})
+    assert pod.container("c").env == (("A", "1"),) and pod.container("c").secret_env == (("TOKEN", "s", "k"),)
+
+    field = {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
     with pytest.raises(Glm53Error) as error:
-        pod_from_spec("p", spec)
+        pod_from_spec("p", {"containers": [{"name": "c", "image": "x", "env": [field]}]})
     assert error.value.message == (
-        "expected literal env values in container 'c', found TOKEN from valueFrom; "
-        "a pod plan holds `value` entries only"
+        "expected literal env values or Secret keys in container 'c', found NODE from valueFrom; "
+        "a pod plan holds `value` and `valueFrom.secretKeyRef` entries only"
     )
 
 
@@ -139,8 +144,11 @@ def test_served_argv_is_what_follows_the_supervisors_separator(mock_pod: PodPlan
     served = sidecar.served_argv
     assert served[:2] == ("lmcache", "server")
     assert sidecar.argv[-len(served) :] == served
-    hold = ("--hold-after-restart", "25")
-    assert sidecar.argv[: -len(served)] == (*SUPERVISOR, "--log", "/var/log/glm53/lmcache.log", *hold, "--")
+    options = ("--hold-after-restart", "25", "--l2-dir", "/var/cache/glm53/lmcache-l2", "--l2-max-bytes")
+    assert sidecar.argv[: -len(served)] == (
+        *SUPERVISOR,
+        *("--log", "/var/log/glm53/lmcache.log", *options, str(int(200 * 0.85 * 2**30)), "--"),
+    )
     assert mock_pod.container("vllm").served_argv[:3] == ("glm53", "mock", "vllm")
 
 

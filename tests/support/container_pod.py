@@ -122,6 +122,8 @@ class ContainerPod:
         sandbox = self.sandbox(pod)
         network_owner = self.network_owner
         assert network_owner is not None  # the sandbox just asked for is one
+        # Secrets are the cluster's: this runner has none to give (the shared L2 tier's password runs on loopback).
+        assert not container.secret_env, f"{container.name} reads Secrets {container.secret_env}; run it on loopback"
         restarts = container.sidecar or (pod.restart_policy == "Always" and not container.init)
         # Kubernetes semantics: `command` replaces the image's ENTRYPOINT, `args` alone follow it.
         entrypoint, arguments = (command[:1], command[1:]) if container.overrides_entrypoint else (None, command)

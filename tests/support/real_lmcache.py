@@ -59,14 +59,16 @@ def running_lmcache(workdir: Path) -> Iterator[StandaloneSidecar]:
         yield sidecar
 
 
-def send_one_request(server: StandaloneSidecar) -> None:
+def send_one_request(server: StandaloneSidecar, sequence: int = 0) -> None:
     """One bench sequence of PROMPT_TOKENS tokens: a cold request (lookup misses, store) and a warm one (lookup hits,
-    retrieve), lmcache 0.5.6 lmcache/cli/commands/bench/server_bench/cases/baseline.py:106-112."""
+    retrieve), lmcache 0.5.6 lmcache/cli/commands/bench/server_bench/cases/baseline.py:106-112. `sequence` picks the
+    prompt's tokens, the same on every server for the same number (baseline.py:90-112)."""
     args = ["bench", "server", "--rpc-url", f"tcp://127.0.0.1:{server.port}", "--url", server.http_url]
     args += ["--mode", "cpu", "--transfer-mode", "lmcache_driven", "--kvcache-shape-spec", KV_SHAPE]
     # The bench's own pause between its cold and its warm request (its default is 0.5 s): without it the warm lookup can
     # race the store on a busy machine and miss.
-    args += ["--num-tokens", str(PROMPT_TOKENS), "--start", "0", "--end", "1", "--interval", "1", "-q"]
+    args += ["--num-tokens", str(PROMPT_TOKENS), "--start", str(sequence), "--end", str(sequence + 1)]
+    args += ["--interval", "1", "-q"]
     env = {**os.environ, **QUIET_ENV}
     bench = subprocess.run([str(LMCACHE), *args], capture_output=True, text=True, env=env, timeout=120, check=False)
     if bench.returncode != 0:

@@ -60,6 +60,7 @@ def _vllm_parse(argv: list[str]) -> dict[str, Any]:
 
 def _lmcache_parse(argv: list[str]) -> dict[str, Any]:
     from lmcache.cli.commands import register_commands
+    from lmcache.v1.distributed.l2_adapters.config import parse_args_to_l2_adapters_config
     from lmcache.v1.multiprocess.config import parse_args_to_http_frontend_config, parse_args_to_mp_server_config
 
     tokens = ["server", *argv]
@@ -71,6 +72,10 @@ def _lmcache_parse(argv: list[str]) -> dict[str, Any]:
         "args": _jsonable(namespace),
         "http": _jsonable(parse_args_to_http_frontend_config(args)),
         "mp": _jsonable(parse_args_to_mp_server_config(args)),
+        # Each --l2-adapter as the server builds it (its type's from_dict), named by its config class.
+        "l2": [
+            {"class": type(c).__name__, **_jsonable(vars(c))} for c in parse_args_to_l2_adapters_config(args).adapters
+        ],
     }
 
 

@@ -41,7 +41,8 @@ occurrence; vLLM's FlexibleArgumentParser also reads `--a_b` as `--a-b` and `--a
 {{- dict "host" $wire "port" $wire "transport" $wire "chunk-size" "set lmcache.chunkSize instead"
   "separate-object-groups" "set lmcache.separateObjectGroups instead" "no-separate-object-groups" "set lmcache.separateObjectGroups instead"
   "l1-size-gb" "set lmcache.l1SizeGb instead" "eviction-policy" "set lmcache.evictionPolicy instead" "http-host" $admin "http-port" $admin
-  "run-script-api-enabled" $script "no-run-script-api-enabled" $script "script-allowed-imports" $script | toJson }}
+  "run-script-api-enabled" $script "no-run-script-api-enabled" $script "script-allowed-imports" $script
+  "l2-adapter" "set lmcache.l2 instead: the chart sizes, mounts and bounds the tier it configures" | toJson }}
 {{- end }}
 
 {{/*
@@ -162,6 +163,16 @@ flags into positionals). Call with (dict "key" VALUES-PATH "args" LIST "owned" O
 {{- if $l.enabled }}
 {{- if and $p.separateObjectGroupsRequired (not $l.separateObjectGroups) }}
 {{- fail (printf "lmcache.separateObjectGroups=false, but %s is a hybrid whose state groups need their own cache objects; set lmcache.separateObjectGroups=true" $p.displayName) }}
+{{- end }}
+{{- $r := $l.l2.resp }}
+{{- if and (eq $l.l2.type "resp") (not $r.host) }}
+{{- fail "lmcache.l2.type=resp needs lmcache.l2.resp.host: set it to your Redis or Valkey Service (the chart does not run one), or set lmcache.l2.type=fs for the pod-local tier" }}
+{{- end }}
+{{- if and (eq $l.l2.type "resp") $r.auth.enabled (not $r.auth.secretName) }}
+{{- fail "lmcache.l2.type=resp with auth on (the default) needs lmcache.l2.resp.auth.secretName: create a Secret holding the Redis password (kubectl create secret generic glm53-l2-redis --from-literal=password=\"$(openssl rand -hex 24)\") and name it there, or set lmcache.l2.resp.auth.enabled=false for a Redis no one else can reach" }}
+{{- end }}
+{{- if and (eq $l.l2.type "resp") $r.networkPolicy.enabled (not $r.networkPolicy.redisPodLabels) }}
+{{- fail "lmcache.l2.resp.networkPolicy.enabled=true needs lmcache.l2.resp.networkPolicy.redisPodLabels: set the labels of your Redis pods (e.g. app.kubernetes.io/name: redis), or set networkPolicy.enabled=false" }}
 {{- end }}
 {{- if include "glm53.envEnabled" (dict "env" $l.extraEnv "name" "LMCACHE_RUN_SCRIPT_API_ENABLED") }}
 {{- fail "lmcache.extraEnv enables /run_script, which executes arbitrary Python sent to the unauthenticated admin API; remove LMCACHE_RUN_SCRIPT_API_ENABLED" }}

@@ -56,6 +56,14 @@ def optional_port(text: str) -> int:
     return value
 
 
+def host_port(text: str) -> tuple[str, int]:
+    """`HOST:PORT` of a server to reach: a host name or address and a port from 1 to 65535."""
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= MAX_PORT:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT with a port from 1 to {MAX_PORT}, got {_shown(text)}")
+    return host, int(port)
+
+
 def _float_or_nan(text: str) -> float:
     """`text` as a float, or nan when it is no number at all (so that one comparison refuses both)."""
     try:

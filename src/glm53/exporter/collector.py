@@ -42,6 +42,14 @@ With one server per TP rank (targets `lmcache-<i>`) each server's samples gain t
 servers' series stay apart, and the strict-prefix bound is the smallest of the servers' hit counters: the connector
 asks every server and takes the minimum (lmcache 0.5.6 vllm_multi_process_adapter.py:1054-1068), so no more than the
 server holding the least can reach vLLM.
+
+The L2 tier (`lmcache server --l2-adapter`) needs nothing joined: its families pass through like the rest
+(`lmcache_mp_l2_*` and `lmcache_mp_num_inflight_l2_stores`, lmcache 0.5.6
+lmcache/v1/mp_observability/subscribers/metrics/l2.py, l2_failures.py, store_controller.py:406-431), and what an
+operator asks of them (are stores and loads succeeding, is a store hung) is a ratio or a presence test over one
+server's own counters, which the alert and the dashboard write in PromQL. The one trap is in the counters'
+meaning, not their shape: a failed store still counts in `lmcache_mp_l2_store_completed_requests_total`, only
+`..._completed_objects_chunks_total` counts stored chunks (store_controller.py:755-795).
 """
 
 from __future__ import annotations

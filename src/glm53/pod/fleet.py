@@ -22,7 +22,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +92,10 @@ class FleetSpec:
     chart: Path | None = None
     # The engine of every replica (the chart's mock.engine): the stand-in, or the real one on the tiny profiles.
     engine: str = "standin"
+    # Every replica's lmcache.l2 (e.g. one shared Redis-protocol tier, `glm53.testing.redis_server`); None: the chart's.
+    l2: Mapping[str, Any] | None = None
+    # The Secrets the replicas read as variables (the shared tier's password): PodOptions.secrets.
+    secrets: Mapping[tuple[str, str], str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -117,7 +121,10 @@ class FleetSpec:
             mock["vllmExtraArgs"] = extra
         if self.lmcache_l1_gb is not None:
             mock["l1SizeGb"] = self.lmcache_l1_gb
-        return PodOptions(self.profile, self.engine, chart=self.chart, values={"router": router, "mock": mock})
+        values: dict[str, Any] = {"router": router, "mock": mock}
+        if self.l2 is not None:
+            values["lmcache"] = {"l2": dict(self.l2)}
+        return PodOptions(self.profile, self.engine, chart=self.chart, values=values, secrets=self.secrets)
 
 
 def check_policy(policy: str, kv_events: bool) -> None:
@@ -245,7 +252,8 @@ def running_replicas(spec: FleetSpec, say: Callable[[str], None]) -> Iterator[li
         pods: list[RunningPod] = []
         for index in range(spec.replicas):
             replica_say = functools.partial(_prefixed, say, f"replica {index}: ")
-            pods.append(stack.enter_context(running_pod(plans.serving, spec.workdir / f"replica-{index}", replica_say)))
+            workdir = spec.workdir / f"replica-{index}"
+            pods.append(stack.enter_context(running_pod(plans.serving, workdir, replica_say, None, plans.secrets)))
         for index, pod in enumerate(pods):
             wait_pod_ready(pod, functools.partial(_prefixed, say, f"replica {index}: "))
             say(f"fleet: replica {index} ready at {replica_url(pod)}")

@@ -10,7 +10,10 @@ runs, `relocate` gives the plan this machine's places, in this one function, and
 - every emptyDir becomes a directory under the work dir (emptied first, as a new pod's are), except the in-memory one
   mounted at /dev/shm, which is the host's memory-backed /dev/shm (the servers name their segments per process);
 - a Secret volume becomes a directory holding a fresh random value for each projected key, readable by this user only:
-  the runner plays the operator who created the Secret (`kubectl create secret ... "$(openssl rand -hex 24)"`);
+  the runner plays the operator who created the Secret (`kubectl create secret ... "$(openssl rand -hex 24)"`); a
+  variable from a Secret's key gets the value the caller created the Secret with (the shared L2 tier's Redis
+  password, which the caller's Redis also has), else a fresh random one;
+- a mount path inside a JSON object argument (LMCache's `--l2-adapter` names its directory there) moves too;
 - the images' environment, /opt/glm53 (a venv), is this interpreter's: a path under it (the mock image's LMCache
   generation overlay on PYTHONPATH) names the same place under `sys.prefix`;
 - the image's init (`tini --`) is left out: each container runs in its own process group, which this runner signals.
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
 import os
 import re
@@ -44,6 +48,7 @@ import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from glm53.errors import EXIT_FAILURE, Glm53Error
@@ -84,6 +89,8 @@ class Relocation:
     volumes: Mapping[str, Path]
     # Secret volumes: their file names, each written with a fresh random value.
     secrets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # The values of the Secrets' keys that containers read as variables: (Secret, key) -> value.
+    secret_values: Mapping[tuple[str, str], str] = field(default_factory=dict)
 
     def port(self, pod_port: int) -> int:
         return self.ports.get(pod_port, pod_port)
@@ -100,6 +107,7 @@ class Relocation:
         lines += [
             f"secret volume {name}: a fresh random {', '.join(keys)}" for name, keys in sorted(self.secrets.items())
         ]
+        lines += [f"secret {name}, key {key}: given to the variables that read it" for name, key in self.secret_values]
         return lines
 
 
@@ -116,8 +124,12 @@ def listening_ports(plan: PodPlan) -> list[int]:
     return sorted(ports)
 
 
-def relocation_for(plan: PodPlan, workdir: Path) -> Relocation:
-    """Free loopback ports for the plan's ports, and a directory per emptyDir under `workdir` (/dev/shm stays)."""
+def relocation_for(
+    plan: PodPlan, workdir: Path, secret_values: Mapping[tuple[str, str], str] | None = None
+) -> Relocation:
+    """Free loopback ports for the plan's ports, a directory per emptyDir under `workdir` (/dev/shm stays), and a value
+    for each Secret key a container reads as a variable: from `secret_values` (the Secrets the operator created, as
+    (name, key) -> value), else a fresh random one, as for Secret volumes."""
     pod_ports = listening_ports(plan)
     volumes: dict[str, Path] = {}
     secret_files: dict[str, tuple[str, ...]] = {}
@@ -134,7 +146,14 @@ def relocation_for(plan: PodPlan, workdir: Path) -> Relocation:
             )
         at_shm = any(m.volume == volume.name and m.path == SHM for c in plan.containers for m in c.mounts)
         volumes[volume.name] = Path(SHM) if volume.in_memory and at_shm else workdir / volume.name
-    return Relocation(dict(zip(pod_ports, free_ports(len(pod_ports)), strict=True)), volumes, secret_files)
+    given = secret_values or {}
+    values = {
+        (name, key): given.get((name, key)) or secrets.token_hex(24)
+        for container in plan.containers
+        for _, name, key in container.secret_env
+    }
+    ports = dict(zip(pod_ports, free_ports(len(pod_ports)), strict=True))
+    return Relocation(ports, volumes, secret_files, values)
 
 
 def _move_ports(text: str, ports: Mapping[int, int], where: str) -> str:
@@ -155,10 +174,25 @@ def _move_ports(text: str, ports: Mapping[int, int], where: str) -> str:
 
 
 def _move_paths(text: str, mounts: Mapping[str, Path]) -> str:
+    """`text` with a leading mount path moved; in a JSON object argument (LMCache's `--l2-adapter`), each string
+    value's."""
+    if text.startswith("{"):
+        with contextlib.suppress(ValueError):
+            return json.dumps(_move_json_paths(json.loads(text), mounts), separators=(",", ":"))
     for mount_path, directory in {**mounts, IMAGE_VENV: Path(sys.prefix)}.items():
         if text == mount_path or text.startswith(mount_path.rstrip("/") + "/"):
             return str(directory) + text[len(mount_path) :]
     return text
+
+
+def _move_json_paths(value: Any, mounts: Mapping[str, Path]) -> Any:
+    if isinstance(value, str):
+        return _move_paths(value, mounts)
+    if isinstance(value, dict):
+        return {key: _move_json_paths(item, mounts) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_move_json_paths(item, mounts) for item in value]
+    return value
 
 
 def _relocate_string(text: str, relocation: Relocation, mounts: Mapping[str, Path], where: str) -> str:
@@ -194,11 +228,12 @@ def _relocate_container(container: ContainerPlan, relocation: Relocation) -> Con
     env = tuple(
         (name, _relocate_string(value, relocation, mounts, f"env {name} of container {container.name!r}"))
         for name, value in container.env
-    )
+    ) + tuple((name, relocation.secret_values[(secret, key)]) for name, secret, key in container.secret_env)
     return dataclasses.replace(
         container,
         argv=strings(_without_init(container.argv), "command"),
         env=env,
+        secret_env=(),
         ports=tuple(dataclasses.replace(p, port=relocation.port(p.port)) for p in container.ports),
         startup_probe=probe(container.startup_probe, "startup probe"),
         readiness_probe=probe(container.readiness_probe, "readiness probe"),
@@ -463,10 +498,15 @@ def stop_all(processes: Sequence[ContainerProcess], grace_seconds: float) -> Non
 
 @contextlib.contextmanager
 def running_pod(
-    plan: PodPlan, workdir: Path, say: Callable[[str], None], relocation: Relocation | None = None
+    plan: PodPlan,
+    workdir: Path,
+    say: Callable[[str], None],
+    relocation: Relocation | None = None,
+    secret_values: Mapping[tuple[str, str], str] | None = None,
 ) -> Iterator[RunningPod]:
-    """Relocate `plan`, start its containers in the kubelet's order, and stop them all on leaving, whatever happened."""
-    relocation = relocation or relocation_for(plan, workdir)
+    """Relocate `plan` (with `secret_values` for its Secret variables, see `relocation_for`), start its containers in
+    the kubelet's order, and stop them all on leaving, whatever happened."""
+    relocation = relocation or relocation_for(plan, workdir, secret_values)
     pod = RunningPod(relocate(plan, relocation), relocation, workdir)
     prepare_volumes(relocation, workdir)
     for line in relocation.describe():

@@ -118,6 +118,9 @@ class PodOptions:
     lmcache_generation: str = DEFAULT_LMCACHE_GENERATION
     # Further chart values layered on top (the fleet's router and cache sizes), as `--set` would.
     values: Mapping[str, Any] = field(default_factory=dict)
+    # The Secrets the operator created that the pod reads as variables, (name, key) -> value: the shared L2 tier's
+    # Redis password, which the caller's Redis was started with. A missing one gets a fresh random value.
+    secrets: Mapping[tuple[str, str], str] = field(default_factory=dict)
 
 
 def merged(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
@@ -205,12 +208,14 @@ class PodPlans:
 
     serving: PodPlan
     test: PodPlan | None
+    # PodOptions.secrets: what the runners give the pod's Secret variables.
+    secrets: Mapping[tuple[str, str], str] = field(default_factory=dict)
 
 
 def render_plans(options: PodOptions) -> PodPlans:
     objects = chart.render(pod_values(options), options.chart)
     tests = helm_test_pods(objects)
-    return PodPlans(deployment_pod(objects), tests[0] if tests else None)
+    return PodPlans(deployment_pod(objects), tests[0] if tests else None, options.secrets)
 
 
 @dataclass(frozen=True)
@@ -273,7 +278,7 @@ def lmcache_release(container: ContainerPlan) -> str:
 @contextlib.contextmanager
 def started_pod(plans: PodPlans, workdir: Path, say: Callable[[str], None]) -> Iterator[RunningPod]:
     """The serving pod running, its startup probe Ready and its readiness probe passing; stopped on leaving."""
-    with running_pod(plans.serving, workdir, say) as pod:
+    with running_pod(plans.serving, workdir, say, secret_values=plans.secrets) as pod:
         wait_pod_ready(pod, say)
         yield pod
 

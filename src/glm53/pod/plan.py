@@ -128,6 +128,9 @@ class ContainerPlan:
     init: bool = False
     # Runs once the startup probe passed, for the container's whole life: failing it restarts the container.
     liveness_probe: ExecProbe | HttpGetProbe | None = None
+    # Variables from a Secret's key (`valueFrom.secretKeyRef`): (variable, Secret, key). A runner gives each a value,
+    # as the kubelet does from the Secret the operator created.
+    secret_env: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def served_argv(self) -> tuple[str, ...]:
@@ -233,16 +236,27 @@ def _liveness_probe(
 
 
 def _env(container: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
-    pairs = []
-    for entry in container.get("env", []):
-        if "value" not in entry:
+    return tuple((str(e["name"]), str(e["value"])) for e in _env_entries(container) if "value" in e)
+
+
+def _secret_env(container: Mapping[str, Any]) -> tuple[tuple[str, str, str], ...]:
+    refs = [(e["name"], e["valueFrom"]["secretKeyRef"]) for e in _env_entries(container) if "value" not in e]
+    return tuple((str(name), str(ref["name"]), str(ref["key"])) for name, ref in refs)
+
+
+def _env_entries(container: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The container's env entries, each a literal `value` or a Secret's key; anything else (a field or resource
+    reference, a ConfigMap) is refused by name."""
+    entries = container.get("env", [])
+    for entry in entries:
+        if "value" not in entry and set(entry.get("valueFrom", {})) != {"secretKeyRef"}:
             raise Glm53Error(
-                f"expected literal env values in container {container['name']!r}, found {entry['name']} from "
-                f"{', '.join(sorted(set(entry) - {'name'}))}; a pod plan holds `value` entries only",
+                f"expected literal env values or Secret keys in container {container['name']!r}, found "
+                f"{entry['name']} from {', '.join(sorted(set(entry) - {'name'}))}; a pod plan holds `value` and "
+                "`valueFrom.secretKeyRef` entries only",
                 EXIT_FAILURE,
             )
-        pairs.append((str(entry["name"]), str(entry["value"])))
-    return tuple(pairs)
+    return list(entries)
 
 
 def _user(security: Mapping[str, Any]) -> str | None:
@@ -266,6 +280,7 @@ def _container(
         argv=tuple(str(part) for part in [*spec.get("command", []), *spec.get("args", [])]),
         overrides_entrypoint="command" in spec,
         env=_env(spec),
+        secret_env=_secret_env(spec),
         user=_user(security),
         read_only_root=bool(security.get("readOnlyRootFilesystem", False)),
         cap_drop=tuple(security.get("capabilities", {}).get("drop", [])),

@@ -16,7 +16,14 @@ from glm53.profiles import DEFAULT_PROFILE, PROFILES, get_profile
 from glm53.validate.continuations import DEFAULT_PAIRS, DEFAULT_TOKENS, TEMPLATES
 from glm53.validate.prompts import document_qa_prompt, prompt_from_file
 from glm53.validate.protocol import CHECKS
-from glm53.validate.runner import DEFAULT_ALPHA, DEFAULT_RUNS, DEFAULT_TIMEOUT, MIN_RUNS, ValidationConfig
+from glm53.validate.runner import (
+    DEFAULT_ALPHA,
+    DEFAULT_RUNS,
+    DEFAULT_TIMEOUT,
+    MIN_RUNS,
+    RELOAD_SOURCES,
+    ValidationConfig,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,6 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
         "through); after each prime, validation waits there until the server committed the prompt, so a reload "
         "never races the store",
     )
+    parser.add_argument(
+        "--reload-from",
+        choices=RELOAD_SOURCES,
+        default="l1",
+        help="where the reloads come from: l1 (default), LMCache's memory; l2, its L2 tier (lmcache.l2): each "
+        "reload then also empties LMCache's L1 (reset_prefix_cache?reset_external=true), so the equivalence is "
+        "checked on KV that went through the tier",
+    )
     return parser
 
 
@@ -87,4 +102,5 @@ def config_from_args(args: argparse.Namespace) -> ValidationConfig:
         model=args.model,
         timeout=args.timeout,
         lmcache_metrics=args.lmcache_metrics,
+        reload_from=args.reload_from,
     )

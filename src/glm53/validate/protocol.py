@@ -72,10 +72,17 @@ class Target:
     progress: Progress
     nonce: str
     commits: CommitWatch | None = None
+    # Where reloads come from: `l1`, LMCache's memory; `l2`, its L2 tier (see `reloaded`).
+    reload_from: str = "l1"
 
     @classmethod
     def connect(
-        cls, client: VllmClient, model: str | None, progress: Progress, commits: CommitWatch | None = None
+        cls,
+        client: VllmClient,
+        model: str | None,
+        progress: Progress,
+        commits: CommitWatch | None = None,
+        reload_from: str = "l1",
     ) -> Target:
         """Check up front what every check needs: reachable, the model served, the hit counter, dev mode on, and
         LMCache's metrics page when one is given."""
@@ -91,7 +98,7 @@ class Target:
         if commits is not None:
             commits.committed(nonce)
         client.reset_prefix_cache(reset_external=False)
-        return cls(client, model, progress, nonce, commits)
+        return cls(client, model, progress, nonce, commits, reload_from)
 
     def salt(self, *parts: object) -> str:
         return "-".join(["glm53-validate", self.nonce, *map(str, parts)])
@@ -111,8 +118,10 @@ class Target:
         return completion, int(hit)
 
     def reloaded(self, prompt: str | list[int], salt: str, shape: Shape) -> tuple[Completion, int]:
-        """Reset vLLM's local prefix cache first, so whatever is reused can only come from LMCache."""
-        self.client.reset_prefix_cache(reset_external=False)
+        """Reset vLLM's local prefix cache first, so whatever is reused can only come from LMCache; reloading from
+        `l2`, LMCache's L1 too: the connector's reset clears the server's L1 managers only (lmcache 0.5.6
+        lmcache/v1/distributed/storage_manager.py:1244-1255), so what is reused then comes from its L2 tier."""
+        self.client.reset_prefix_cache(reset_external=self.reload_from == "l2")
         return self.measured(prompt, salt, shape)
 
     def prime(self, prompt: str | list[int], salt: str) -> None:

@@ -28,6 +28,10 @@ DEFAULT_ALPHA = 0.05
 DEFAULT_TIMEOUT = 60.0
 
 
+# Where a validation's reloads come from: LMCache's memory (L1), or its L2 tier (lmcache.l2) with L1 emptied first.
+RELOAD_SOURCES = ("l1", "l2")
+
+
 @dataclass(frozen=True)
 class ValidationConfig:
     base_url: str
@@ -46,6 +50,8 @@ class ValidationConfig:
     timeout: float = DEFAULT_TIMEOUT
     # LMCache's metrics page (the server's or the pod exporter's): after each prime, wait there for the commit.
     lmcache_metrics: str | None = None
+    # Where the reloads come from: `l1` (LMCache's memory) or `l2` (its L2 tier: LMCache's L1 is emptied first).
+    reload_from: str = "l1"
 
     def __post_init__(self) -> None:
         """Refuse, in one line, settings that make validation meaningless or hang (NaN and infinity included)."""
@@ -62,6 +68,8 @@ class ValidationConfig:
             raise Glm53Error(f"--alpha must lie strictly between 0 and 1, got {self.alpha}")
         if self.chunk_size is not None and self.chunk_size <= 0:
             raise Glm53Error(f"--chunk-size must be a positive number of tokens, got {self.chunk_size}")
+        if self.reload_from not in RELOAD_SOURCES:
+            raise Glm53Error(f"--reload-from takes {' or '.join(RELOAD_SOURCES)}, got {self.reload_from!r}")
         if not (math.isfinite(self.timeout) and self.timeout > 0):
             raise Glm53Error(f"--timeout must be a positive, finite number of seconds, got {self.timeout}")
 
@@ -79,7 +87,7 @@ def run_validation(config: ValidationConfig, progress: Progress) -> ValidationRe
         if config.lmcache_metrics
         else None
     )
-    target = Target.connect(client, config.model, progress, commits)
+    target = Target.connect(client, config.model, progress, commits, config.reload_from)
     # A model that cannot answer (the tiny CPU test models' random weights) has its answers left unjudged.
     prompt = config.prompt if config.profile.answers_questions else replace(config.prompt, answer=None)
     try:

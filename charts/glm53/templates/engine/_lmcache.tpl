@@ -26,6 +26,25 @@ mock image does not carry it yet, as its only engine, the stand-in, is refused o
 {{- define "glm53.lmcachePort" -}}5555{{- end }}
 {{- define "glm53.lmcacheHttpPort" -}}8080{{- end }}
 {{- define "glm53.lmcacheLog" -}}{{ include "glm53.logDir" . }}/lmcache.log{{- end }}
+{{- define "glm53.lmcacheL2Dir" -}}/var/cache/glm53/lmcache-l2{{- end }}
+
+{{/* The server's `--l2-adapter` JSON for lmcache.l2 (lmcache 0.5.6: fs_l2_adapter.py:204-225 and
+resp_l2_adapter.py:68-98 parse these keys); "" when the tier is off. The resp password is not here: it reaches the
+server from the Secret as LMCACHE_RESP_PASSWORD (glm53.lmcacheL2Env). */}}
+{{- define "glm53.lmcacheL2Adapter" -}}
+{{- $l2 := .Values.lmcache.l2 }}
+{{- if eq $l2.type "fs" }}
+{{- dict "type" "fs" "base_path" (include "glm53.lmcacheL2Dir" .) | toJson }}
+{{- else if eq $l2.type "resp" }}
+{{- dict "type" "resp" "host" $l2.resp.host "port" (int $l2.resp.port) "num_workers" (int $l2.resp.numWorkers) | toJson }}
+{{- end }}
+{{- end }}
+
+{{/* The bytes the fs tier's janitor keeps it under: 85 % of its sizeLimit (lmcache.l2.fs.sizeGi), so a second of
+writes between two passes stays below the limit past which the kubelet evicts the pod. */}}
+{{- define "glm53.lmcacheL2MaxBytes" -}}
+{{- printf "%.0f" (mulf .Values.lmcache.l2.fs.sizeGi 0.85 1073741824.0) }}
+{{- end }}
 
 {{/*
 The pod's LMCache servers (lmcache.serverLayout), as a JSON list of {name, index, port, httpPort, log}: `pod` is the one
@@ -90,13 +109,21 @@ GPU host without Helm, and tests/benchmarks/test_gpu_proof_dryrun.py holds it to
 {{- $args = concat $args (list "--l1-size-gb" (include "glm53.lmcacheL1PerServer" $ctx) "--eviction-policy" $l.evictionPolicy) }}
 {{- $args = concat $args (list "--http-host" $lo "--http-port" (toString (int $s.httpPort))) }}
 {{- if include "glm53.lmcacheApiKey" $ctx }}{{ $args = concat $args (list "--api-key-file" (include "glm53.lmcacheApiKeyFile" $ctx)) }}{{ end }}
+{{- with include "glm53.lmcacheL2Adapter" $ctx }}{{ $args = concat $args (list "--l2-adapter" .) }}{{ end }}
 {{- append $args "--no-run-script-api-enabled" | toJson }}
 {{- end }}
 
 {{/* One server's sidecar arguments. Call with (dict "ctx" $ "server" SERVER), SERVER from glm53.lmcacheServers. */}}
 {{- define "glm53.lmcacheContainerArgs" -}}
 {{- $hold := include "glm53.restartHoldSeconds" .ctx }}
-{{- include "glm53.superviseArgs" (dict "log" .server.log "hold" (ternary "" $hold (eq $hold "0")) "program" (list "lmcache" "server") "args" (include "glm53.lmcacheServerArgs" . | fromJsonArray)) }}
+{{- $janitor := dict }}
+{{- if and (eq .ctx.Values.lmcache.l2.type "fs") (eq (int .server.index) 0) }}
+{{- /* One janitor per pod: the first server's supervisor bounds the directory every server of the pod writes. */}}
+{{- $janitor = dict "dir" (include "glm53.lmcacheL2Dir" .ctx) "maxBytes" (include "glm53.lmcacheL2MaxBytes" .ctx) }}
+{{- end }}
+{{- $r := .ctx.Values.lmcache.l2.resp }}
+{{- $tier := ternary (printf "%s:%d" $r.host (int $r.port)) "" (eq .ctx.Values.lmcache.l2.type "resp") }}
+{{- include "glm53.superviseArgs" (dict "log" .server.log "hold" (ternary "" $hold (eq $hold "0")) "l2" $janitor "tier" $tier "program" (list "lmcache" "server") "args" (include "glm53.lmcacheServerArgs" . | fromJsonArray)) }}
 {{- end }}
 
 {{/* One server's /healthcheck. Call with (dict "ctx" $ "server" SERVER). */}}
@@ -111,5 +138,30 @@ GPU host without Helm, and tests/benchmarks/test_gpu_proof_dryrun.py holds it to
 - name: lmcache-api-key
   mountPath: {{ include "glm53.lmcacheApiKeyDir" . }}
   readOnly: true
+{{- end }}
+{{- end }}
+
+{{/* The L2 tier's directory (lmcache.l2.type=fs), for every LMCache sidecar of the pod. */}}
+{{- define "glm53.volumeMounts.lmcacheL2" -}}
+{{- if eq .Values.lmcache.l2.type "fs" }}
+- name: lmcache-l2
+  mountPath: {{ include "glm53.lmcacheL2Dir" . }}
+{{- end }}
+{{- end }}
+
+{{/* The shared tier's credentials from the Secret (lmcache.l2.type=resp with auth): environment LMCache's resp adapter
+reads when its JSON carries none (lmcache 0.5.6 resp_l2_adapter.py:151-154), so no password is on a command line. */}}
+{{- define "glm53.lmcacheL2Env" -}}
+{{- $r := .Values.lmcache.l2.resp }}
+{{- if and (eq .Values.lmcache.l2.type "resp") $r.auth.enabled }}
+- name: LMCACHE_RESP_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $r.auth.secretName }}
+      key: {{ $r.auth.passwordKey }}
+{{- with $r.auth.username }}
+- name: LMCACHE_RESP_USERNAME
+  value: {{ . | quote }}
+{{- end }}
 {{- end }}
 {{- end }}

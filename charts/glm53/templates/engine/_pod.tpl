@@ -243,6 +243,12 @@ spec:
       emptyDir:
         medium: Memory
         sizeLimit: {{ .Values.shmSize }}
+    {{- if and .Values.lmcache.enabled (eq .Values.lmcache.l2.type "fs") }}
+    # LMCache's fs L2 tier: on the node's disk, kept across container restarts; its janitor stays below the limit.
+    - name: lmcache-l2
+      emptyDir:
+        sizeLimit: {{ .Values.lmcache.l2.fs.sizeGi }}Gi
+    {{- end }}
     {{- if not (include "glm53.engine.perReplicaClaims" .) }}
     {{- /* With per-replica claims the StatefulSet's volumeClaimTemplate supplies `weights` (statefulset.yaml). */}}
     - name: weights
@@ -307,6 +313,7 @@ entry of glm53.lmcacheServers (lmcache.serverLayout): call with (dict "ctx" $ "s
     - name: NVIDIA_VISIBLE_DEVICES
       value: {{ ternary "all" "void" (eq $l.gpuAccess "visibleDevices") }}
     {{- end }}
+    {{- include "glm53.lmcacheL2Env" $ctx | nindent 4 }}
     {{- with $l.extraEnv }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
@@ -333,6 +340,10 @@ entry of glm53.lmcacheServers (lmcache.serverLayout): call with (dict "ctx" $ "s
     requests:
       cpu: {{ $l.cpu | quote }}
       memory: {{ $memory }}
+      {{- if and (eq $l.l2.type "fs") (eq (int $s.index) 0) }}
+      # The pod's fs L2 tier (an emptyDir), requested once so the scheduler finds a node with the disk.
+      ephemeral-storage: {{ $l.l2.fs.sizeGi }}Gi
+      {{- end }}
     limits:
       memory: {{ $memory }}
     {{- if $dra }}
@@ -346,4 +357,5 @@ entry of glm53.lmcacheServers (lmcache.serverLayout): call with (dict "ctx" $ "s
     {{- include "glm53.volumeMounts.logs" $ctx | nindent 4 }}
     {{- include "glm53.volumeMounts.runtime" $ctx | nindent 4 }}
     {{- include "glm53.volumeMounts.lmcacheApiKey" $ctx | nindent 4 }}
+    {{- include "glm53.volumeMounts.lmcacheL2" $ctx | nindent 4 }}
 {{- end }}

@@ -17,6 +17,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from glm53.chunks import served_tokens
@@ -45,7 +46,7 @@ class Outcome:
     """One request as its client saw it; seconds are since the load began."""
 
     client: int
-    kind: str  # "store" (a new document) or "reload"
+    kind: str  # "store" (a new document), "reload" (one sent `lag` rounds before), "revisit" (sent before a fault)
     started_s: float
     seconds: float
     result: str  # "ok", "hung", or "failed: <why>"
@@ -61,6 +62,15 @@ class Outcome:
     @property
     def hung(self) -> bool:
         return self.result == "hung"
+
+
+@dataclass(frozen=True)
+class StoredDocument:
+    """A document a client sent new (a cold prefill LMCache stored), kept so it can be sent again after a fault."""
+
+    prompt: str
+    salt: str
+    stored_at_s: float
 
 
 class Load:
@@ -83,6 +93,7 @@ class Load:
         self.expected = served_tokens(shape.document_tokens, chunk_size, strict_prefix)
         self.hang_s = hang_s
         self.outcomes: list[Outcome] = []
+        self.stored: list[StoredDocument] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._running = threading.Event()
@@ -113,6 +124,10 @@ class Load:
         with self._lock:
             return list(self.outcomes)
 
+    def stored_documents(self) -> list[StoredDocument]:
+        with self._lock:
+            return list(self.stored)
+
     def stop(self) -> list[Outcome]:
         self._stop.set()
         self._running.set()
@@ -132,7 +147,11 @@ class Load:
             prompt = document_qa_prompt(self.shape.document_tokens, seed=index * 1_000_003 + round_).text
             salt = f"fault-{self._run}-{index}-{round_}"
             stored_at = self.now()
-            self._record(self._send(client, index, "store", prompt, salt))
+            outcome = self._send(client, index, "store", prompt, salt)
+            self._record(outcome)
+            if outcome.result == "ok":
+                with self._lock:
+                    self.stored.append(StoredDocument(prompt, salt, stored_at))
             sent.append((prompt, salt, stored_at))
             round_ += 1
             if len(sent) > self.shape.lag:
@@ -141,6 +160,21 @@ class Load:
                 hits = self._lmcache_hits(old_salt) if outcome.result == "ok" else None
                 expected = self.expected
                 self._record(replace(outcome, stored_at_s=old_stored_at, hit_tokens=hits, expected_tokens=expected))
+
+    def revisit(self, documents: Sequence[StoredDocument]) -> list[Outcome]:
+        """Send `documents` again, one after the other beside the running clients, each as a `revisit` outcome with
+        what LMCache found for it this time: the lookup counter's growth for its salt (it starts again from nothing in
+        a restarted server's process)."""
+        client = VllmClient(self.engine_url, timeout=self.hang_s)
+        outcomes = []
+        for document in documents:
+            before = self._salt_hits(document.salt) or 0
+            outcome = self._send(client, -1, "revisit", document.prompt, document.salt)
+            hits = self._lmcache_hits(document.salt, before) if outcome.result == "ok" else None
+            outcomes.append(
+                replace(outcome, stored_at_s=document.stored_at_s, hit_tokens=hits, expected_tokens=self.expected)
+            )
+        return outcomes
 
     def _send(self, client: VllmClient, index: int, kind: str, prompt: str, salt: str) -> Outcome:
         started = self.now()
@@ -153,23 +187,32 @@ class Load:
             result = "hung" if "no answer within" in error.message else f"failed: {error.message[:80]}"
         return Outcome(index, kind, started, self.now() - started, result)
 
-    def _lmcache_hits(self, salt: str) -> int | None:
-        """What the server's lookup found for `salt`; None when the server cannot be read (it is down)."""
+    def _lmcache_hits(self, salt: str, before: int = 0) -> int | None:
+        """What the server's lookup found for `salt` beyond `before` (its counter before this request); None when the
+        server cannot be read (it is down)."""
         deadline = time.monotonic() + HIT_SETTLE_S
         while True:
-            try:
-                snapshot = scrape(f"{self.lmcache_url}/metrics")
-            except UpstreamError:
+            total = self._salt_hits(salt)
+            if total is None:
                 return None
-            hits = sum(
+            if total - before >= self.expected or time.monotonic() > deadline:
+                return max(0, total - before)
+            time.sleep(0.2)
+
+    def _salt_hits(self, salt: str) -> int | None:
+        """The server's lookup hit counter for `salt`; None when the server cannot be read."""
+        try:
+            snapshot = scrape(f"{self.lmcache_url}/metrics")
+        except UpstreamError:
+            return None
+        return int(
+            sum(
                 s.value
                 for family in snapshot.families
                 for s in family.samples
                 if s.name == HIT_METRIC and s.labels.get("cache_salt") == salt
             )
-            if hits >= self.expected or time.monotonic() > deadline:
-                return int(hits)
-            time.sleep(0.2)
+        )
 
     def _record(self, outcome: Outcome) -> None:
         with self._lock:

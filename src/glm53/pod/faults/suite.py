@@ -21,9 +21,11 @@ model by default, or the stand-in), with `glm53.pod.kubelet` restarting containe
   and the kubelet restarts the engine (on GPUs a reload of the weights: the fallback, never the plan).
 An `absent` fault is played while the pod starts, so it comes first and needs a pod of its own: with `idle` too
 (which needs an engine that has served nothing) the other faults follow on a second pod. Each fault is watched for
-`observe_s` after its injection, then the next one follows on the same pod. Two settings are compared: the chart's
-(`lmcache.resilience`) and upstream's defaults (`kv_load_failure_policy=fail`, no restart hold, no warm-up), so the
-table shows what each setting buys.
+`observe_s` after its injection, then the next one follows on the same pod. Three settings are compared: the chart's
+(`lmcache.resilience`, and its default L2 tier), the chart's without the L2 tier (`chart-l1-only`), and upstream's
+defaults (`kv_load_failure_policy=fail`, no restart hold, no warm-up, no L2 tier), so the table shows what each
+setting buys. After each fault on a Ready pod, documents stored before it are sent again, and the table says how
+much of them the cache still held.
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ from typing import Any
 
 from glm53.errors import EXIT_USAGE, Glm53Error
 from glm53.pod.contract import ENGINE_CONTAINER, SIDECAR_CONTAINER
-from glm53.pod.faults.load import Load, LoadShape
-from glm53.pod.faults.table import FaultRow, FaultWindow, hits_confirmed, row
+from glm53.pod.faults.load import Load, LoadShape, StoredDocument
+from glm53.pod.faults.table import FaultRow, FaultWindow, hits_confirmed, row, with_revisits
 from glm53.pod.kubelet import Kubelet, kubelet
 from glm53.pod.loopback import RunningPod, relocate, relocation_for, running_pod
 from glm53.pod.main_job import (
@@ -72,13 +74,21 @@ ABSENT_LONG_PAST_S = 10.0
 CONNECTOR_ASKS = "LMCache MP worker adapter created with instance_id="
 # How long an `absent` pod's engine may take to be Ready, restarts included (two CPU starts on a busy machine).
 ABSENT_READY_S = 900.0
-# Upstream's defaults where the chart differs (charts/glm53/values.yaml, lmcache.resilience).
+# Upstream's defaults where the chart differs (charts/glm53/values.yaml, lmcache.resilience), and LMCache's: no L2 tier.
 UPSTREAM_RESILIENCE = {"kvLoadFailurePolicy": "fail", "restartHoldSeconds": 0, "warmUp": False}
-SETTINGS = ("chart", "upstream")
+# The settings a table is made for: the chart's; the chart's without its L2 tier (L1 only: what the tier buys);
+# upstream's defaults.
+SETTINGS = ("chart", "chart-l1-only", "upstream")
 # vLLM's local KV cache on the fault pod (real engine): 96 blocks of 64 tokens, a few documents only, so reloads come
 # from LMCache; vLLM refuses a cache smaller than one request of the model's length, hence the shorter context.
 LOCAL_BLOCKS = 96
 LOCAL_MAX_MODEL_LEN = 4096
+# After each fault on a Ready pod, this many documents stored before it are sent again, each stored at least SETTLED_S
+# before the fault (settled_before).
+REVISITED = 4
+SETTLED_S = 5.0
+# How long a fault waits for those documents before it is injected anyway (a cold CPU prefill takes about 1 s).
+SETTLED_WAIT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -180,6 +190,8 @@ def suite_values(options: SuiteOptions) -> dict[str, Any]:
         ]
     if options.settings == "upstream":
         values["lmcache"]["resilience"] = dict(UPSTREAM_RESILIENCE)
+    if options.settings in ("upstream", "chart-l1-only"):
+        values["lmcache"]["l2"] = {"type": "off"}
     return values
 
 
@@ -219,15 +231,20 @@ def run_suite(options: SuiteOptions, workdir: Path, say: Callable[[str], None]) 
 
 def _load(options: SuiteOptions, plan: PodPlan) -> Load:
     """The load on a relocated plan (not started yet: its clock starts now)."""
+    return load_on(plan, options.shape, options.profile.strict_prefix, options.hang_s)
+
+
+def load_on(plan: PodPlan, shape: LoadShape, strict_prefix: bool, hang_s: float) -> Load:
+    """A load on the pod of a relocated `plan`: its engine, its (first) LMCache server, its chunk size."""
     urls = PodAddresses.of(plan)
     return Load(
         urls.vllm,
         urls.lmcache,
         _served_model(plan.container(ENGINE_CONTAINER).served_argv),
-        options.shape,
+        shape,
         int(plan.container(SIDECAR_CONTAINER).option("--chunk-size")),
-        options.profile.strict_prefix,
-        options.hang_s,
+        strict_prefix,
+        hang_s,
     )
 
 
@@ -260,15 +277,35 @@ def _run_pod(options: SuiteOptions, workdir: Path, say: Callable[[str], None]) -
 
 
 def _play(faults: Sequence[Fault], loop: Kubelet, load: Load, say: Callable[[str], None]) -> list[FaultRow]:
-    """Play `faults` one after the other on a Ready pod under running load; one row each."""
+    """Play `faults` one after the other on a Ready pod under running load; one row each, with the documents stored
+    before each fault sent again once it is watched (does the cache still hold them?)."""
     rows = []
     for fault in faults:
+        if fault.name != "idle":  # an idle spell begins before the first request
+            _await_settled_documents(load)
         injected = load.now()
         say(f"faults: t={injected:.1f} s: {fault.name}: {fault.summary}")
         _inject(fault, loop, load, say)
-        rows.append(_watch(fault, injected, load.now(), loop, load))
+        watched = _watch(fault, injected, load.now(), loop, load)
+        rows.append(with_revisits(watched, load.revisit(settled_before(load.stored_documents(), injected))))
         say(f"faults: {fault.name}: {rows[-1]}")
     return rows
+
+
+def _await_settled_documents(load: Load) -> None:
+    """Wait (SETTLED_WAIT_S at most) until REVISITED documents were stored SETTLED_S ago, so the fault has something
+    stored before it to send again: a fault played right after the load began (or after the previous fault) would
+    otherwise leave its column empty."""
+    deadline = time.monotonic() + SETTLED_WAIT_S
+    while len(settled_before(load.stored_documents(), load.now())) < REVISITED and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+def settled_before(stored: Sequence[StoredDocument], injected_s: float) -> list[StoredDocument]:
+    """The last REVISITED documents stored at least SETTLED_S before the fault: LMCache writes a chunk to its L2 tier
+    after committing it to L1, so a document stored in the fault's last moments may never have reached the tier."""
+    settled = [d for d in stored if d.stored_at_s <= injected_s - SETTLED_S]
+    return settled[-REVISITED:]
 
 
 @contextlib.contextmanager
@@ -280,7 +317,7 @@ def _absent_at_engine_start(
     fault, and the engine if its start fails). Yields the loop, the load (started once the engine is Ready), and
     when the fault was injected and the engine became Ready (or gave up waiting), in the load's seconds."""
     plan = plans.serving
-    relocation = relocation_for(plan, workdir)
+    relocation = relocation_for(plan, workdir, plans.secrets)
     # The loopback runner starts init containers and sidecars as a kubelet does; the main containers follow here.
     sidecars = dataclasses.replace(plan, containers=tuple(c for c in plan.containers if c.init or c.sidecar))
     with running_pod(sidecars, workdir, say, relocation) as pod:

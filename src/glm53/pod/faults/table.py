@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -37,6 +38,14 @@ class FaultRow:
     # Seconds from the fault until it was over: the sidecar answering again (its startup probe passed) or the freeze
     # or idle spell ended. No cache can serve before that, so the recovery is what follows it.
     over_after_s: float = 0.0
+    # What LMCache found, after the fault, for documents stored before it (sent again once the hits were back), and
+    # the most it could have found; None: none was sent again. Without an L2 tier a restarted server has none of them.
+    kept_tokens: int | None = None
+    kept_expected: int = 0
+
+    @property
+    def kept_share(self) -> float | None:
+        return None if self.kept_tokens is None or not self.kept_expected else self.kept_tokens / self.kept_expected
 
     @property
     def recovery_s(self) -> float | None:
@@ -74,6 +83,21 @@ def row(window: FaultWindow, outcomes: Sequence[Outcome]) -> FaultRow:
     )
 
 
+def with_revisits(current: FaultRow, revisits: Sequence[Outcome]) -> FaultRow:
+    """`current` with the documents stored before the fault, sent again after it: their requests count as sent (and
+    failed or hung), their hits as what the cache kept through the fault."""
+    if not revisits:
+        return current
+    return dataclasses.replace(
+        current,
+        sent=current.sent + len(revisits),
+        failed=current.failed + sum(1 for o in revisits if o.failed),
+        hung=current.hung + sum(1 for o in revisits if o.hung),
+        kept_tokens=sum(o.hit_tokens or 0 for o in revisits),
+        kept_expected=sum(o.expected_tokens for o in revisits),
+    )
+
+
 # A fault's window may end once this many reloads of documents stored after the hits came back were seen: one whole
 # hit could be luck, three in a row say the new server stores and serves again.
 CONFIRMING_RELOADS = 3
@@ -89,7 +113,17 @@ def hits_confirmed(current: FaultRow, window: FaultWindow, outcomes: Sequence[Ou
     return len(confirming) >= CONFIRMING_RELOADS
 
 
-HEADER = ("fault", "sent", "failed", "hung", "over after", "hits back after", "hit tokens after recovery", "restarted")
+HEADER = (
+    "fault",
+    "sent",
+    "failed",
+    "hung",
+    "over after",
+    "hits back after",
+    "hit tokens after recovery",
+    "stored before, hit after",
+    "restarted",
+)
 
 
 def format_table(title: str, rows: Sequence[FaultRow]) -> list[str]:
@@ -99,9 +133,10 @@ def format_table(title: str, rows: Sequence[FaultRow]) -> list[str]:
     for r in rows:
         back = "never" if r.recovery_s is None else f"{r.recovery_s:g} s"
         share = r.hit_share
-        hits = f"{r.hit_tokens}/{r.expected_tokens}" + ("" if share is None else f" ({share:.0%})")
+        hits = _share(r.hit_tokens, r.expected_tokens, share)
         over = f"{r.over_after_s:g} s"
-        cells.append((r.fault, str(r.sent), str(r.failed), str(r.hung), over, back, hits, r.restarted))
+        kept = "-" if r.kept_tokens is None else _share(r.kept_tokens, r.kept_expected, r.kept_share)
+        cells.append((r.fault, str(r.sent), str(r.failed), str(r.hung), over, back, hits, kept, r.restarted))
     widths = [max(len(line[i]) for line in cells) for i in range(len(HEADER))]
     lines = [title]
     for index, line in enumerate(cells):
@@ -109,3 +144,7 @@ def format_table(title: str, rows: Sequence[FaultRow]) -> list[str]:
         if index == 0:
             lines.append("  ".join("-" * width for width in widths))
     return lines
+
+
+def _share(tokens: int, expected: int, share: float | None) -> str:
+    return f"{tokens}/{expected}" + ("" if share is None else f" ({share:.0%})")
