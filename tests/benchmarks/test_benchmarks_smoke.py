@@ -36,18 +36,25 @@ def test_exporter_benchmark_prints_its_scrape_figures() -> None:
 
 
 @pytest.mark.slow
-def test_routing_benchmark_prints_its_table_the_kill_and_its_ratio_last() -> None:
-    # The stand-in engine at the smallest size (the real engines are the benchmark's own run: docs/operations.md).
+def test_routing_benchmark_prints_its_table_per_tier_the_kill_and_its_ratios_last() -> None:
+    # The stand-in engine at the smallest size, one run per row and the two policies the ratios compare (the real
+    # engines and kv_aware are the benchmark's own run: docs/operations.md); both tiers, as the new dimension.
     out = run(
         "routing_bench.py",
         *("--engine", "standin", "--replicas", "2", "--documents", "2", "--questions", "2", "--doc-chunks", "1"),
-        *("--clients", "4"),
+        *("--clients", "4", "--repeats", "1", "--tiers", "l1,shared", "--policies", "round_robin,cache_aware"),
         timeout=420,
     )
     lines = out.strip().splitlines()
     assert re.fullmatch(r"hit tokens, cache-aware vs round-robin: \d+\.\d\d x", lines[-1]), out
-    rows = [line.split() for line in lines if re.match(r"\s+4\s+(round_robin|cache_aware|kv_aware)\s", line)]
-    assert [row[1] for row in rows] == ["round_robin", "cache_aware", "kv_aware"], out
+    assert re.fullmatch(r"hit tokens, round-robin with a shared L2 vs cache-aware without: \d+\.\d\d x", lines[-2]), out
+    rows = [line.split() for line in lines if re.match(r"(l1|shared)\s+4\s+(round_robin|cache_aware)\s", line)]
+    assert [(row[0], row[2]) for row in rows] == [
+        ("l1", "round_robin"),
+        ("l1", "cache_aware"),
+        ("shared", "round_robin"),
+        ("shared", "cache_aware"),
+    ], out
     assert all(row[-2] == "0" for row in rows), out  # failed: the column before `requests per replica` (a/b)
     assert "no cache_salt" in lines[0], out
     killed = next(line for line in lines if line.startswith("killed replica"))
