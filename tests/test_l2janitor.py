@@ -26,7 +26,7 @@ from glm53.l2janitor import (
 )
 from glm53.mock.connector import parse_connector_config
 from glm53.mock.kv_client import KVClient, KVLayout
-from tests.support.chart_sidecar import chart_sidecar
+from glm53.testing.chart_sidecar import chart_sidecar
 from tests.support.l2kit import SizeSampler, chunk_name, directory_bytes, supervised_fs_tier
 from tests.support.mockproc import GLM53_MODEL, connector_json, http, poll
 

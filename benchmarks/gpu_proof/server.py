@@ -62,7 +62,8 @@ def server_argv(
     argv += ["--l1-size-gb", f"{l1_size_gb:g}", "--eviction-policy", "LRU"]
     argv += ["--http-host", LOCALHOST, "--http-port", str(http_port)]
     if l2_dir is not None:
-        argv += ["--l2-adapter", json.dumps({"base_path": str(l2_dir), "type": "fs"}, separators=(",", ":"))]
+        adapter = json.dumps({"base_path": str(l2_dir), "type": "fs"}, separators=(",", ":"))
+        argv += ["--l2-adapter", adapter, "--l2-prefetch-policy", "retain"]
     argv.append("--no-run-script-api-enabled")
     return argv if shm_name is None else [*argv, "--shm-name", shm_name]
 

@@ -13,26 +13,13 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib/cache.sh"
 redis_version="5:7.0.15-1~deb12u10"
 packages=("redis-tools=$redis_version" "libjemalloc2=5.3.0-1" "liblzf1=3.6-3")
 
-known_to_apt() {
-    [[ "$(apt-cache madison redis-tools)" == *"| $redis_version |"* ]]
-}
-
 # BUILDER DIR for cached_venv: DIR ends up holding usr/bin/redis-server (redis-tools ships the server as
 # redis-check-rdb, which acts as the server when called by that name) and usr/lib/x86_64-linux-gnu's two libraries.
 build_redis() {
-    if ! known_to_apt; then
-        if [ "$(id -u)" -ne 0 ]; then
-            echo "34-redis.sh: apt knows no redis-tools=$redis_version; run apt-get update as root and rerun" >&2
-            exit 1
-        fi
-        apt-get update -qq
-    fi
+    # Removed when the script exits, whatever happened.
     download="$(mktemp -d)"
     trap 'rm -rf "$download"' EXIT
-    if [ "$(id -u)" -eq 0 ] && id _apt >/dev/null 2>&1; then
-        chown _apt "$download"
-    fi
-    (cd "$download" && apt-get download -qq "${packages[@]}")
+    apt_download 34-redis.sh "$download" "${packages[@]}"
     mkdir -p "$1"
     for deb in "$download"/*.deb; do
         dpkg-deb -x "$deb" "$1"

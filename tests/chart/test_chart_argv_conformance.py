@@ -290,6 +290,8 @@ def test_each_l2_tier_parses_with_lmcache_into_the_adapter_the_chart_means(tier:
     built = result["ok"]["l2"]
     expected = L2_TIERS[tier][1]
     assert [{k: b[k] for k in e} for b, e in zip(built, expected, strict=True)] == expected
+    # With a tier, a chunk loaded from it stays in L1 (lmcache.l2.prefetchPolicy); without one, upstream's default.
+    assert result["ok"]["args"]["l2_prefetch_policy"] == ("retain" if expected else "default")
 
 
 def test_harmless_extra_arguments_render_parse_and_leave_the_guarded_values_alone() -> None:

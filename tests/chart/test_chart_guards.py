@@ -248,6 +248,7 @@ BYPASSES: list[tuple[str, list[str], str]] = [
     ("lmcache", ["--no-separate-object-groups"], "--no-separate-object-groups"),
     ("lmcache", ["--l2-adapter", '{"type":"fs","base_path":"/data"}'], "--l2-adapter"),
     ("lmcache", ["--l2-a={}"], "--l2-adapter"),
+    ("lmcache", ["--l2-prefetch-policy", "default"], "--l2-prefetch-policy"),
     ("vllm", ["--kv-cache-dtype", "fp8"], "--kv-cache-dtype"),
     ("vllm", ["--kv-cache-dtype=fp8"], "--kv-cache-dtype"),
     ("vllm", ["--no-enable-prefix-caching"], "--no-enable-prefix-caching"),
@@ -334,7 +335,8 @@ def test_dra_needs_kubernetes_1_34() -> None:
                 }
             }
         },
-        {"lmcache": {"extraArgs": ["--l2-store-policy", "skip_l1"]}},  # the tier's policies stay the user's
+        {"lmcache": {"extraArgs": ["--l2-store-policy", "skip_l1"]}},  # the store policy stays the user's
+        {"lmcache": {"l2": {"prefetchPolicy": "default"}}},
     ],
 )
 def test_near_misses_render(values: dict[str, Any]) -> None:

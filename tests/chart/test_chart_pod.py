@@ -50,7 +50,10 @@ def all_containers(objs: list[Obj]) -> list[Obj]:
 # The default fs L2 tier: its directory, and the janitor's bound, 85 % of the default 200 GiB sizeLimit.
 L2_DIR = "/var/cache/glm53/lmcache-l2"
 L2_JANITOR = ["--l2-dir", L2_DIR, "--l2-max-bytes", str(int(200 * 0.85 * 2**30))]
-L2_ADAPTER = ["--l2-adapter", json.dumps({"base_path": L2_DIR, "type": "fs"}, separators=(",", ":"))]
+L2_ADAPTER = [
+    *("--l2-adapter", json.dumps({"base_path": L2_DIR, "type": "fs"}, separators=(",", ":"))),
+    *("--l2-prefetch-policy", "retain"),
+]
 
 
 def supervised(c: Obj) -> tuple[str, list[str]]:

@@ -50,9 +50,9 @@ from pathlib import Path
 
 from glm53.errors import Glm53Error
 from glm53.exporter.upstream import Snapshot, parse_exposition
+from glm53.testing.chart_sidecar import StandaloneSidecar, chart_sidecar
 from glm53.testing.redis_server import redis_server
 from glm53.testing.sidecar import serving
-from tests.support.chart_sidecar import StandaloneSidecar, chart_sidecar
 from tests.support.exporter_fakes import free_port
 from tests.support.real_lmcache import (
     NO_BANNER,

@@ -16,7 +16,12 @@ ServiceMonitor's interval, rules evaluated at the Prometheus Operator's default 
 
 A pod with a given L2 tier, or with none, is the captured pod whose exporter page carries, in place of its own, the L2
 tier's families of a page the real `lmcache server` served with that tier or without one (`fixtures/lmcache-l2-*.prom`,
-made by `real_l2.py`), as the exporter's pass-through re-exposes them (`glm53.exporter.collector.passthrough_families`).
+made by `real_l2.py`), as the exporter's pass-through re-exposes them (`glm53.exporter.collector.passthrough_families`),
+with the exporter's count of the server's failed store tasks (`glm53.exporter.collector.l2_families`), at 0 as the
+exporter first serves it. L2 traffic is salted, as with per-request or per-tenant `cache_salt`s: LMCache splits its
+`*_chunks_total` counters by salt, so each salt's series is born at its final value and Prometheus sees no growth in
+them; the scenarios hold those counters still and grow only the unsalted ones (requests, prefetch failures, the
+exporter's failure count).
 """
 
 from __future__ import annotations
@@ -37,11 +42,18 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from glm53.exporter.collector import passthrough_families
+from glm53.exporter.collector import l2_families, passthrough_families
 from glm53.exporter.upstream import parse_exposition
 from glm53.pod import chart
 from glm53.pod.contract import DEFAULT_RELEASE, ENGINE_CONTAINER, EXPORTER_CONTAINER
-from tests.exporter.real_l2 import FS_PAGE, FS_UNREADABLE_PAGE, L2_FAMILY_PREFIXES, OFF_PAGE, RESP_UNREACHABLE_PAGE
+from tests.exporter.real_l2 import (
+    FS_PAGE,
+    FS_UNREADABLE_PAGE,
+    L2_FAMILY_PREFIXES,
+    OFF_PAGE,
+    RESP_KILLED_PAGE,
+    RESP_UNREACHABLE_PAGE,
+)
 from tests.support.dockerkit import require_tool
 
 REPO = Path(__file__).resolve().parents[2]
@@ -207,12 +219,18 @@ class _Families(Collector):
         return self._families
 
 
+# The exporter's own L2 family: failed store tasks it counted in the pod's one server's log.
+L2_STORE_FAILURES = "glm53_lmcache_l2_store_failures_total"
+
+
 def exporter_l2_page(server_page: Path) -> str:
     """The L2 tier's families of a captured `lmcache server` page as the exporter serves them: its pass-through of the
-    pod's one server, rendered by prometheus_client as the exporter's /metrics renders its registry."""
+    pod's one server, and its count of that server's failed store tasks, 0 until one fails, rendered by
+    prometheus_client as the exporter's /metrics renders its registry."""
     snapshot = parse_exposition(server_page.read_text(encoding="utf-8"))
+    passed = [f for f in passthrough_families([snapshot]) if f.name.startswith(L2_FAMILY_PREFIXES)]
     registry = CollectorRegistry()
-    registry.register(_Families([f for f in passthrough_families([snapshot]) if f.name.startswith(L2_FAMILY_PREFIXES)]))
+    registry.register(_Families(passed + l2_families([("", 0)])))
     return generate_latest(registry).decode()
 
 
@@ -221,7 +239,8 @@ def with_l2_tier(
 ) -> dict[Series, float]:
     """The pod with the L2 tier of `server_page`: its exporter page's L2 families are that server's."""
     exporter = targets[EXPORTER_CONTAINER]
-    kept = {s: v for s, v in pod.items() if not (s.name.startswith(L2_FAMILY_PREFIXES) and s.picked_by(None, exporter))}
+    l2_names = (*L2_FAMILY_PREFIXES, L2_STORE_FAILURES)
+    kept = {s: v for s, v in pod.items() if not (s.name.startswith(l2_names) and s.picked_by(None, exporter))}
     return {**kept, **scraped(exporter_l2_page(server_page), exporter)}
 
 
@@ -388,28 +407,27 @@ STEADY_TRAFFIC = Scenario(
     check_min=BASELINE_MIN + 30,
 )
 
-# The L2 tier's store and load counters.
-L2_STORES = (
+# The L2 tier's unsalted request counters: under salted traffic the only ones of its store and load counters that grow.
+L2_REQUESTS = (
     "lmcache_mp_l2_store_submitted_requests_total",
-    "lmcache_mp_l2_store_submitted_objects_chunks_total",
     "lmcache_mp_l2_store_completed_requests_total",
-    "lmcache_mp_l2_store_completed_objects_chunks_total",
-)
-L2_LOADS = (
     "lmcache_mp_l2_prefetch_load_submitted_requests_total",
-    "lmcache_mp_l2_prefetch_load_submitted_objects_chunks_total",
     "lmcache_mp_l2_load_completed_requests_total",
-    "lmcache_mp_l2_prefetch_load_completed_chunks_total",
 )
 # A pod without an L2 tier: no adapter attached, none of the tier's counters.
 NO_L2 = Scenario("a-pod-without-an-l2-tier", (), check_min=HEALTHY_FOR, fault_min=HEALTHY_FOR, l2=OFF_PAGE)
-# A pod whose fs L2 tier stores and loads steadily: each minute it stores and loads what the captured server did.
+# A pod whose fs L2 tier stores and loads salted traffic steadily: each minute as many requests as the captured server
+# served; no store task fails, and the salted chunk counters' new series add nothing a rate() sees.
 L2_STEADY = Scenario(
-    "an-fs-l2-tier-storing-and-loading-steadily",
-    tuple(change(name, serving(1.0)) for name in L2_STORES + L2_LOADS),
+    "an-fs-l2-tier-storing-and-loading-salted-traffic-steadily",
+    tuple(change(name, serving(1.0)) for name in L2_REQUESTS),
     check_min=HEALTHY_FOR,
     fault_min=HEALTHY_FOR,
     l2=FS_PAGE,
+)
+# The captured resp tier once its Redis was killed: each store request's one task (one adapter) fails, and logs so.
+RESP_KILLED_STORES_PER_MINUTE = parse_exposition(RESP_KILLED_PAGE.read_text(encoding="utf-8")).total(
+    "lmcache_mp_l2_store_submitted_requests_total"
 )
 L2_SUMMARY = f"The LMCache L2 tier on {POD} fails or hangs on its stores or loads"
 
@@ -516,15 +534,15 @@ FAULTS = (
     Fault(
         "Glm53LMCacheL2Failing",
         Scenario(
-            # What the captured resp tier did once its Redis was killed, on the healthy fs tier's counters: stores are
-            # still submitted and each still counts a completed request, but no chunk is stored any more.
-            "the-l2-tier-stops-storing",
+            # What the captured resp tier did once its Redis was killed, under salted traffic: stores are still
+            # submitted and each still counts a completed request, but every store task fails and says so in the log.
+            "salted-stores-fail-once-redis-is-killed",
             (
-                *(change(name, serving(1.0)) for name in L2_STORES[:3]),
-                change("lmcache_mp_l2_store_completed_objects_chunks_total", serving(0.0)),
+                *(change(name, serving(1.0)) for name in L2_REQUESTS[:2]),
+                change(L2_STORE_FAILURES, counts(RESP_KILLED_STORES_PER_MINUTE or 0.0)),
             ),
             FAULT_AT + 15,
-            l2=FS_PAGE,
+            l2=RESP_KILLED_PAGE,
         ),
         "warning",
         L2_SUMMARY,
@@ -537,7 +555,7 @@ FAULTS = (
             # As the captured fs tier whose chunk files were cut short: every chunk a lookup found fails to load.
             "l2-loads-fail",
             (
-                change("lmcache_mp_l2_prefetch_load_submitted_objects_chunks_total", serving(1.0)),
+                change("lmcache_mp_l2_prefetch_load_submitted_requests_total", serving(1.0)),
                 change("lmcache_mp_l2_prefetch_failure_chunks_total", starts_serving(), reason="not_found"),
             ),
             FAULT_AT + 15,
@@ -565,7 +583,6 @@ FAULTS = (
                 (
                     change("lmcache_mp_num_inflight_l2_stores", appears()),
                     change("lmcache_mp_l2_store_submitted_requests_total", starts_serving()),
-                    change("lmcache_mp_l2_store_submitted_objects_chunks_total", starts_serving()),
                 ),
                 FAULT_AT + 12,
                 l2=RESP_UNREACHABLE_PAGE,
@@ -757,7 +774,8 @@ def test_no_alert_fires_on_the_healthy_pod(
     scenario: Scenario, monitoring: RenderedMonitoring, pod: dict[Series, float], tmp_path: Path
 ) -> None:
     """Every alert, in one promtool run (its report names the alert that fired): on the captured pod, on that pod
-    without an L2 tier, and with an fs L2 tier that stores and loads every chunk, as the captured one did."""
+    without an L2 tier, and with an fs L2 tier that stores and loads every chunk of salted traffic, as the captured one
+    did."""
     checks = [Check(alert, scenario.check_min) for alert in monitoring.rules()]
     base = scenario_pod(scenario, pod, monitoring)
     run_promtool(promtool_group(scenario, checks, base, monitoring.scrape_interval), monitoring.groups, tmp_path)

@@ -502,11 +502,16 @@ def test_reset_answers_are_the_same(both: tuple[Observed, Observed]) -> None:
     assert real.answers["reset_external"].body == {"success": True}
 
 
-def test_lmcache_hits_survive_a_plain_reset_but_not_reset_external(both: tuple[Observed, Observed]) -> None:
+def test_lmcache_hits_survive_a_plain_reset_and_reset_external_empties_only_lmcaches_l1(
+    both: tuple[Observed, Observed],
+) -> None:
+    """`reset_external` makes the connector send CLEAR, which empties the server's L1 managers only (lmcache 0.5.6
+    lmcache/v1/distributed/storage_manager.py:1244-1255): with the chart's default fs L2 tier the document comes back
+    from the tier, on both engines."""
     for observed in both:
         assert usage_of(observed.answers["doc2000 after reset"])["prompt_tokens_details"]["cached_tokens"] == 1792
         after = usage_of(observed.answers["doc2000 after reset_external"])
-        assert after["prompt_tokens_details"]["cached_tokens"] == 0, observed.engine
+        assert after["prompt_tokens_details"]["cached_tokens"] == 1792, observed.engine
 
 
 def test_over_long_requests_get_the_same_errors(both: tuple[Observed, Observed]) -> None:

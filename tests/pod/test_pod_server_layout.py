@@ -28,7 +28,9 @@ from glm53.validate.prompts import token_id_prompt
 pytestmark = pytest.mark.slow
 
 FLASH = get_profile("glm53-flash")
-PER_RANK = {"lmcache": {"serverLayout": "perRank"}}
+# Without the L2 tier: the CLEAR below stands in for one server's eviction, and with the chart's default fs tier the
+# server would prefetch its shard back from the pod's directory (tests/pod/test_l2_tier.py covers the tier).
+PER_RANK = {"lmcache": {"serverLayout": "perRank", "l2": {"type": "off"}}}
 SERVERS = ("lmcache-0", "lmcache-1", "lmcache-2", "lmcache-3")
 # The seed's 8507-token prompt at C = 1152, strict prefix (hybrid): floor(8506 / 1152) * 1152.
 PROMPT_TOKENS, HIT_TOKENS = 8507, 8064

@@ -29,8 +29,8 @@ from glm53.pod.main_job import lmcache_overlay
 from glm53.probe.judge import StartupFacts, Status, Verdict, evaluate
 from glm53.probe.logparse import parse_lines
 from glm53.profiles import get_profile
+from glm53.testing.chart_sidecar import StandaloneSidecar, chart_sidecar
 from glm53.testing.processes import stop_group
-from tests.support.chart_sidecar import StandaloneSidecar, chart_sidecar
 from tests.support.lmcache057 import captured
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tests.support.chart_sidecar import StandaloneSidecar
+from glm53.testing.chart_sidecar import StandaloneSidecar
 from tests.support.mockproc import Server, glm53, serving
 
 # lmcache 0.5.6 fs_l2_adapter.py:99-121 for a key of this model, kv_rank 0, object group 0, no salt; the `{}` is the

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from glm53.testing.chart_sidecar import StandaloneSidecar, chart_sidecar
 from glm53.testing.processes import kill_group, stop_group
-from tests.support.chart_sidecar import StandaloneSidecar, chart_sidecar
 
 DEADLINE = 30.0
 SERVER_DEADLINE = 90.0  # the real server is ready in 3-7 s alone, much slower on a busy 2-core machine
@@ -124,7 +124,7 @@ def serving(sidecar: StandaloneSidecar, log: Path) -> Iterator[Server]:
 
 @contextmanager
 def lmcache_server(tmp_path: Path, profile: str) -> Iterator[Server]:
-    """The real server as `profile`'s pod runs it (the chart's sidecar, tests/support/chart_sidecar.py), healthy;
+    """The real server as `profile`'s pod runs it (the chart's sidecar, glm53.testing.chart_sidecar), healthy;
     stopped on exit. `serving(server.sidecar, ...)` starts it again on the same ports."""
     sidecar = chart_sidecar(profile, tmp_path)
     with serving(sidecar, tmp_path / f"lmcache-{sidecar.port}.log") as server:

@@ -26,8 +26,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from glm53.testing.chart_sidecar import StandaloneSidecar, chart_sidecar
 from glm53.testing.sidecar import serving
-from tests.support.chart_sidecar import StandaloneSidecar, chart_sidecar
 
 FIXTURE = Path(__file__).resolve().parents[1] / "exporter" / "fixtures" / "lmcache-metrics.prom"
 LMCACHE = Path(sys.executable).with_name("lmcache")

@@ -42,7 +42,8 @@ occurrence; vLLM's FlexibleArgumentParser also reads `--a_b` as `--a-b` and `--a
   "separate-object-groups" "set lmcache.separateObjectGroups instead" "no-separate-object-groups" "set lmcache.separateObjectGroups instead"
   "l1-size-gb" "set lmcache.l1SizeGb instead" "eviction-policy" "set lmcache.evictionPolicy instead" "http-host" $admin "http-port" $admin
   "run-script-api-enabled" $script "no-run-script-api-enabled" $script "script-allowed-imports" $script
-  "l2-adapter" "set lmcache.l2 instead: the chart sizes, mounts and bounds the tier it configures" | toJson }}
+  "l2-adapter" "set lmcache.l2 instead: the chart sizes, mounts and bounds the tier it configures"
+  "l2-prefetch-policy" "set lmcache.l2.prefetchPolicy instead" | toJson }}
 {{- end }}
 
 {{/*

@@ -71,3 +71,24 @@ link_tool() {
     mkdir -p "$tools_bin"
     ln -sfn "$1" "$tools_bin/$2"
 }
+
+# apt_download WHO DIR PACKAGE=VERSION...: the pinned .debs into DIR, fetched and checked against the signed archive by
+# `apt-get download` (nothing is installed). When apt does not know the first package's version it updates its lists,
+# as root only; WHO, the calling script, names the failure otherwise. DIR must be writable by apt's sandbox user
+# (`_apt`; under /root it is not, and apt warns and fetches as root), so it is handed to that user when there is one.
+apt_download() {
+    local who="$1" dir="$2"
+    shift 2
+    local first="$1"
+    if [[ "$(apt-cache madison "${first%%=*}")" != *"| ${first#*=} |"* ]]; then
+        if [ "$(id -u)" -ne 0 ]; then
+            echo "$who: apt knows no $first; run apt-get update as root and rerun" >&2
+            exit 1
+        fi
+        apt-get update -qq
+    fi
+    if [ "$(id -u)" -eq 0 ] && id _apt >/dev/null 2>&1; then
+        chown _apt "$dir"
+    fi
+    (cd "$dir" && apt-get download -qq "$@")
+}

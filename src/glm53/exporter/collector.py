@@ -47,9 +47,17 @@ The L2 tier (`lmcache server --l2-adapter`) needs nothing joined: its families p
 (`lmcache_mp_l2_*` and `lmcache_mp_num_inflight_l2_stores`, lmcache 0.5.6
 lmcache/v1/mp_observability/subscribers/metrics/l2.py, l2_failures.py, store_controller.py:406-431), and what an
 operator asks of them (are stores and loads succeeding, is a store hung) is a ratio or a presence test over one
-server's own counters, which the alert and the dashboard write in PromQL. The one trap is in the counters'
-meaning, not their shape: a failed store still counts in `lmcache_mp_l2_store_completed_requests_total`, only
-`..._completed_objects_chunks_total` counts stored chunks (store_controller.py:755-795).
+server's own counters, which the alert and the dashboard write in PromQL. Two traps are in the counters' meaning,
+not their shape: a failed store still counts in `lmcache_mp_l2_store_completed_requests_total`, only
+`..._completed_objects_chunks_total` counts stored chunks (store_controller.py:755-795); and every `*_chunks_total`
+but the prefetch failures is labelled by `cache_salt` (lmcache/v1/mp_observability/subscribers/metrics/utils.py:20-34,
+l2.py:133-170), so per-request or per-tenant salts give each salt a series born at its final value, which rate()
+never counts. Hence `glm53_lmcache_l2_store_failures_total{lmcache_server}`: the failed store tasks each server logged
+(one `Store task <id> to adapter <n> failed for keys: ...` warning per task, store_controller.py:791-796), unsalted,
+exposed at 0 from the first scrape so the first failure is a rate; set against
+`lmcache_mp_l2_store_submitted_requests_total` (one store task per submitted request and adapter) it is the share of
+stores that fail. Like the link events it counts since the exporter began reading: a restarted exporter reads the
+logs again and Prometheus sees a counter reset.
 """
 
 from __future__ import annotations
@@ -190,6 +198,7 @@ def log_families(facts: LogFacts) -> list[Metric]:
         read.add_metric([path], count)
     families.append(read)
     families += link_families(facts)
+    families += l2_families(facts.l2_store_failures)
     return families
 
 
@@ -212,6 +221,21 @@ def link_families(facts: LogFacts) -> list[Metric]:
         value=1.0 if facts.link_degraded else 0.0,
     )
     return [events, degraded]
+
+
+def l2_families(store_failures: Iterable[tuple[str, int]]) -> list[Metric]:
+    """The failed L2 store tasks each LMCache server logged (`LogFacts.l2_store_failures`), labelled as its
+    pass-through series are: the pod's one server's carry no `lmcache_server`, per-rank servers' carry their index."""
+    name = "glm53_lmcache_l2_store_failures"
+    family = Metric(
+        name,
+        "L2 store tasks the LMCache server logged as failed ('Store task N to adapter A failed for keys'), since the "
+        "exporter began reading its log; unlike LMCache's chunk counters, not split by cache_salt.",
+        "counter",
+    )
+    for server, count in store_failures:
+        family.add_sample(name + "_total", {LMCACHE_SERVER_LABEL: server} if server else {}, count)
+    return [family] if family.samples else []
 
 
 def _scoped_counter(name: str, documentation: str, local: float | None, external: float | None) -> list[Metric]:

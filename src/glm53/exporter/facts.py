@@ -12,6 +12,11 @@ vLLM stamps its own lines `INFO 11-29 07:00:01` (no year, second resolution; vll
 line comes from LMCache's logger, stamped `[2026-11-29 07:02:11,400]` (lmcache 0.5.6 lmcache/logging.py), whose year is
 dropped so both compare. `glm53 supervise` appends every restart of a container to the same file, so a run starts at
 the first stamped line, at vLLM's start banner (`logparse.RunStarted`), or where the API server's pid changes.
+
+One more is counted from the LMCache servers' own logs: their failed L2 store tasks. LMCache's chunk counters are
+labelled by `cache_salt` (lmcache 0.5.6 lmcache/v1/mp_observability/subscribers/metrics/utils.py:20-34), so salted
+traffic gives each salt a series born at its final value, which rate() never counts, and its unsalted request counters
+count a failed store as completed (store_controller.py:755-795); the per-task failure line is the one unsalted signal.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from glm53.chunks import required_alignment
+from glm53.exporter.names import LMCACHE, is_lmcache
 from glm53.probe.judge import GeometryFact, NegotiatedFact, StartupFacts, Status, evaluate
 from glm53.probe.logparse import CONNECTOR_EVENTS, ConnectorEvent, Record, ResolvedGeometry, RunStarted, parse_line
 from glm53.probe.logtail import LogFollower
@@ -41,6 +47,25 @@ _LMCACHE_STAMP = re.compile(r"\[\d{4}-(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d),\d{3}\]
 _API_SERVER_TAG = "(APIServer pid="
 # vLLM stamps carry no year; a leap year accepts 02-29.
 _STAMP_YEAR = 2000
+# lmcache 0.5.6 lmcache/v1/distributed/storage_controllers/store_controller.py:791-796 logs one WARNING per failed store
+# task: "Store task %d to adapter %d failed for keys: %s". The substring test keeps the common line cheap.
+_STORE_FAILED_MARK = " failed for keys: "
+_STORE_FAILED = re.compile(r"\bStore task \d+ to adapter \d+ failed for keys: ")
+
+
+def lmcache_server_of(path: Path) -> str | None:
+    """The `lmcache_server` label of an LMCache server's log (the chart names each log after its container:
+    `lmcache.log` for the pod's one server, "" since its series carry no such label; `lmcache-<i>.log` with one server
+    per rank, "<i>"), or None for any other log."""
+    stem = path.stem
+    if not is_lmcache(stem):
+        return None
+    return stem.removeprefix(LMCACHE).removeprefix("-")
+
+
+def is_store_failure(line: str) -> bool:
+    """Whether the line is LMCache's warning that one L2 store task failed."""
+    return _STORE_FAILED_MARK in line and _STORE_FAILED.search(line) is not None
 
 
 def vllm_timestamp(line: str) -> datetime | None:
@@ -140,6 +165,8 @@ class LogFacts:
     # After Ready: the connector's link events so far (CONNECTOR_EVENTS' names) and whether it is degraded now.
     link_events: tuple[tuple[str, int], ...] = ()
     link_degraded: bool = False
+    # Failed L2 store tasks each LMCache server logged so far, by its `lmcache_server` label ("" for the pod's one).
+    l2_store_failures: tuple[tuple[str, int], ...] = ()
 
     @property
     def configured_chunk_size(self) -> int | None:
@@ -208,14 +235,16 @@ class LogWatch:
         self._facts = [StartupFacts() for _ in paths]
         self._clocks = [RunClock() for _ in paths]
         self._link = LinkState()
+        self._servers = [lmcache_server_of(path) for path in paths]
+        self._store_failures = [0 for _ in paths]
         self._profile = profile
         self._tp = tensor_parallel_size
         self._chunk_size = chunk_size
 
     def poll(self) -> LogFacts:
-        for follower, facts, clock in zip(self._followers, self._facts, self._clocks, strict=True):
+        for index, (follower, facts, clock) in enumerate(zip(self._followers, self._facts, self._clocks, strict=True)):
             try:
-                _consume(follower, facts, clock, self._link)
+                self._store_failures[index] += _consume(follower, facts, clock, self._link)
             except OSError:
                 # The command refuses an unreadable log at start; one that turns unreadable later (replaced by a
                 # directory, permissions changed) is skipped until it is readable again, so the scrape still answers.
@@ -239,18 +268,27 @@ class LogWatch:
             bytes_read=tuple((str(f.path), f.total_bytes_read) for f in self._followers),
             link_events=tuple(self._link.events.items()),
             link_degraded=self._link.degraded,
+            # Every server's log is counted from the first scrape on, at 0 until it fails, so rate() sees the first one.
+            l2_store_failures=tuple(
+                (server, count)
+                for server, count in zip(self._servers, self._store_failures, strict=True)
+                if server is not None
+            ),
         )
 
 
-def _consume(follower: LogFollower, facts: StartupFacts, clock: RunClock, link: LinkState) -> None:
-    """Parse everything the file gained, in bounded slices, into `facts`, `clock` and `link`."""
+def _consume(follower: LogFollower, facts: StartupFacts, clock: RunClock, link: LinkState) -> int:
+    """Parse everything the file gained, in bounded slices, into `facts`, `clock` and `link`; return the failed L2
+    store tasks it logged."""
+    store_failures = 0
     while True:
         before = follower.total_bytes_read
         for line in follower.read_new_lines(READ_SLICE_BYTES):
+            store_failures += is_store_failure(line)
             record = parse_line(line)
             if record is not None:
                 facts.add(record)
                 link.observe(record)
             clock.observe(line, record)
         if follower.total_bytes_read - before < READ_SLICE_BYTES:  # a short slice: the end of the file was reached
-            return
+            return store_failures

@@ -109,7 +109,7 @@ GPU host without Helm, and tests/benchmarks/test_gpu_proof_dryrun.py holds it to
 {{- $args = concat $args (list "--l1-size-gb" (include "glm53.lmcacheL1PerServer" $ctx) "--eviction-policy" $l.evictionPolicy) }}
 {{- $args = concat $args (list "--http-host" $lo "--http-port" (toString (int $s.httpPort))) }}
 {{- if include "glm53.lmcacheApiKey" $ctx }}{{ $args = concat $args (list "--api-key-file" (include "glm53.lmcacheApiKeyFile" $ctx)) }}{{ end }}
-{{- with include "glm53.lmcacheL2Adapter" $ctx }}{{ $args = concat $args (list "--l2-adapter" .) }}{{ end }}
+{{- with include "glm53.lmcacheL2Adapter" $ctx }}{{ $args = concat $args (list "--l2-adapter" . "--l2-prefetch-policy" $l.l2.prefetchPolicy) }}{{ end }}
 {{- append $args "--no-run-script-api-enabled" | toJson }}
 {{- end }}
 

@@ -7,7 +7,9 @@ ones. The chart passes no `--shm-name`, so the server keeps its L1 pool in proce
 lmcache/v1/multiprocess/config.py:476-484: default "", SHM off, a segment only engine-driven transfers use); the tests
 move KV data in lmcache-driven mode.
 
-Shared by tests/mock and tests/exporter (and `python -m tests.support.real_lmcache`, which captures a fixture).
+Shared by tests (tests/mock, tests/exporter, `python -m tests.support.real_lmcache`, which captures a fixture) and
+benchmarks/l2_bench.py. Its own module, not `glm53.testing.sidecar`'s: rendering imports the chart's toolchain, which
+the GPU proof's bare host, a user of that module, does not have.
 """
 
 from __future__ import annotations
