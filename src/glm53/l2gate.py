@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from glm53.errors import EXIT_FAILURE, Glm53Error
@@ -49,12 +49,15 @@ def encode(*parts: str) -> bytes:
     return b"*%d\r\n" % len(parts) + body
 
 
-def handshake(env: Mapping[str, str]) -> bytes:
+Command = tuple[str, ...]
+
+
+def handshake(env: Mapping[str, str]) -> list[Command]:
     """AUTH as LMCache's client sends it (with a user when one is set), then PING; PING alone without a password."""
     password = env.get("LMCACHE_RESP_PASSWORD", "")
     username = env.get("LMCACHE_RESP_USERNAME", "")
-    auth = b"" if not password else encode("AUTH", *([username] if username else []), password)
-    return auth + encode("PING")
+    auth: list[Command] = [("AUTH", *([username] if username else []), password)] if password else []
+    return [*auth, ("PING",)]
 
 
 def verdict(replies: bytes) -> str | None:
@@ -67,11 +70,13 @@ def verdict(replies: bytes) -> str | None:
     return errors[0][1:] if errors else f"unexpected reply {replies[:80]!r}"
 
 
-def _exchange(endpoint: RespEndpoint, request: bytes, expected_lines: int) -> bytes:
-    with socket.create_connection((endpoint.host, endpoint.port), timeout=CONNECT_TIMEOUT_S) as sock:
-        sock.sendall(request)
+def exchange(endpoint: RespEndpoint, commands: Sequence[Command], timeout_s: float = CONNECT_TIMEOUT_S) -> bytes:
+    """`commands` on one connection, each answered by a one-line reply (status, error or integer), the replies
+    together; fewer when the server closes the connection first."""
+    with socket.create_connection((endpoint.host, endpoint.port), timeout=timeout_s) as sock:
+        sock.sendall(b"".join(encode(*command) for command in commands))
         reply = b""
-        while reply.count(b"\r\n") < expected_lines:
+        while reply.count(b"\r\n") < len(commands):
             chunk = sock.recv(4096)
             if not chunk:
                 break
@@ -82,12 +87,11 @@ def _exchange(endpoint: RespEndpoint, request: bytes, expected_lines: int) -> by
 def wait_for_tier(endpoint: RespEndpoint, env: Mapping[str, str], say: Callable[[str], None]) -> None:
     """Return once `endpoint` answers PONG to the server's own credentials; say every REPEAT_S why it is waiting;
     a Glm53Error when Redis refuses them."""
-    request = handshake(env)
-    expected = request.count(b"*")
+    commands = handshake(env)
     said_at = -REPEAT_S
     while True:
         try:
-            problem = verdict(_exchange(endpoint, request, expected))
+            problem = verdict(exchange(endpoint, commands))
         except OSError as error:
             problem = f"unreachable: {error.strerror or error}"
         else:

@@ -40,7 +40,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import BinaryIO
@@ -239,20 +239,23 @@ def hold_restart(log: RotatingLog, start: int, hold_seconds: float) -> None:
     """On a restart, say why and wait `hold_seconds` before the server starts (SIGTERM meanwhile ends us, as 143)."""
     if start < 2 or hold_seconds <= 0:
         return
-    line = (
+    announcer(log)(
         f"glm53 supervise: start {start} of this container in this pod: holding {hold_seconds:g} s before the "
-        "server starts, so that the engine's heartbeat sees it gone and registers again (LMCache #4642)\n"
-    ).encode()
-    LineTee(log, sys.stdout.buffer).feed(line)
+        "server starts, so that the engine's heartbeat sees it gone and registers again (LMCache #4642)"
+    )
     time.sleep(hold_seconds)
 
 
+def announcer(log: RotatingLog) -> Callable[[str], None]:
+    """How supervise says a line of its own (a hold, the janitor, the L2 gate): copied like the child's output, to
+    stdout and the log, through a tee of its own, since the child's holds a partial line between reads."""
+    tee = LineTee(log, sys.stdout.buffer)
+    return lambda line: tee.feed(f"{line}\n".encode())
+
+
 def _janitor(bound: Bound | None, log: RotatingLog) -> contextlib.AbstractContextManager[object]:
-    """The L2 janitor for `bound`, its lines copied like the child's (to stdout and the log), or nothing to run."""
-    if bound is None:
-        return contextlib.nullcontext()
-    tee = LineTee(log, sys.stdout.buffer)  # its own: the child's tee holds a partial line between reads
-    return Janitor(bound, lambda line: tee.feed(f"{line}\n".encode()))
+    """The L2 janitor for `bound`, its lines said by `announcer`, or nothing to run."""
+    return contextlib.nullcontext() if bound is None else Janitor(bound, announcer(log))
 
 
 def supervise(
@@ -278,8 +281,7 @@ def supervise(
     with contextlib.closing(log), _janitor(l2_bound, log):
         hold_restart(log, count_start(log_path), hold_after_restart_s)
         if l2_tier is not None:
-            tee = LineTee(log, sys.stdout.buffer)
-            wait_for_tier(l2_tier, os.environ, lambda line: tee.feed(f"{line}\n".encode()))
+            wait_for_tier(l2_tier, os.environ, announcer(log))
         return _run(command, log)
 
 

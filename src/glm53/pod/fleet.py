@@ -253,7 +253,8 @@ def running_replicas(spec: FleetSpec, say: Callable[[str], None]) -> Iterator[li
         for index in range(spec.replicas):
             replica_say = functools.partial(_prefixed, say, f"replica {index}: ")
             workdir = spec.workdir / f"replica-{index}"
-            pods.append(stack.enter_context(running_pod(plans.serving, workdir, replica_say, None, plans.secrets)))
+            replica = running_pod(plans.serving, workdir, replica_say, secret_values=plans.secrets)
+            pods.append(stack.enter_context(replica))
         for index, pod in enumerate(pods):
             wait_pod_ready(pod, functools.partial(_prefixed, say, f"replica {index}: "))
             say(f"fleet: replica {index} ready at {replica_url(pod)}")

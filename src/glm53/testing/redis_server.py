@@ -10,7 +10,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator, Mapping
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from glm53.errors import Glm53Error
-from glm53.l2gate import encode, verdict
+from glm53.l2gate import Command, RespEndpoint, exchange, verdict
 from glm53.pod.loopback import free_ports
 
 # The repository's tool folder, searched after PATH (this file is src/glm53/testing/redis_server.py).
@@ -78,17 +77,9 @@ class RedisServer:
         """How many keys it holds (DBSIZE)."""
         return int(self._commands(("AUTH", self.password), ("DBSIZE",)).split(b"\r\n")[1].lstrip(b":"))
 
-    def _commands(self, *commands: tuple[str, ...]) -> bytes:
-        """`commands` on one connection (one line of reply each), their replies together."""
-        with socket.create_connection(("127.0.0.1", self.port), timeout=5) as sock:
-            sock.sendall(b"".join(encode(*c) for c in commands))
-            reply = b""
-            while reply.count(b"\r\n") < len(commands):
-                chunk = sock.recv(4096)
-                if not chunk:
-                    break
-                reply += chunk
-        return reply
+    def _commands(self, *commands: Command) -> bytes:
+        """`commands` on one connection, their one-line replies together."""
+        return exchange(RespEndpoint("127.0.0.1", self.port), commands, timeout_s=5)
 
     def pod_values(self) -> dict[str, Any]:
         """The chart values of a pod whose L2 tier is this server, with auth on from the Secret `SECRET`."""
