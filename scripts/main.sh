@@ -10,4 +10,5 @@ repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
 bash scripts/bootstrap.sh dev
 bash scripts/setup.d/26-lmcache-negotiating.sh
+bash scripts/setup.d/33-promtool.sh  # for --prometheus: the real Prometheus that evaluates the chart's alerts
 exec .venv/bin/glm53 pod "$@"

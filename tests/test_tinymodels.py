@@ -60,12 +60,24 @@ def test_builds_are_byte_identical_and_check_catches_a_changed_file(tmp_path: Pa
         "tokenizer_config.json",
     ]
     assert tiny_model("--shape", "dense", "--out", str(first), "--check").returncode == 0
+    # A complete model is left as it is (a shared weights volume: another replica's engine may be reading it).
+    weights = first / "model.safetensors"
+    written = weights.stat().st_mtime_ns
+    again = tiny_model("--shape", "dense", "--out", str(first))
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == (
+        f"glm53 tiny-model: {first} already holds the dense model its manifest names; left as it is\n"
+    )
+    assert weights.stat().st_mtime_ns == written
     (first / "config.json").write_text("{}")
     result = tiny_model("--shape", "dense", "--out", str(first), "--check")
     assert result.returncode == 1
     assert result.stderr == (
         f"glm53 tiny-model: error: {first} differs from its manifest in config.json; build it again\n"
     )
+    # A damaged one is built again.
+    assert tiny_model("--shape", "dense", "--out", str(first)).returncode == 0
+    assert tiny_model("--shape", "dense", "--out", str(first), "--check").returncode == 0
 
 
 def test_bad_input_is_one_line(tmp_path: Path) -> None:

@@ -2,7 +2,7 @@
 # Install promtool and the Prometheus server, both from Debian bookworm's `prometheus` package: promtool for the alert
 # rules' unit tests (tests/exporter/test_alert_rules.py runs `promtool test rules` on every alert the chart renders) and
 # to check a rules file before a server loads it; the server for the tests that evaluate the chart's alerts and
-# dashboard on a running CPU pod (glm53.testing.prometheus).
+# dashboard on a running CPU pod, and for `glm53 pod --prometheus` (glm53.pod.prometheus).
 # Only the two binaries are taken: `apt-get download` fetches the pinned .deb (apt checks it against the signed
 # archive) and promtool and prometheus alone are unpacked from it, so no Prometheus service, user or config is
 # installed and nothing is started here. They live in lib/cache.sh's cache of tool environments

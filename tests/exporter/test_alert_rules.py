@@ -331,6 +331,28 @@ def starts_serving() -> Values:
     return lambda timeline, value: timeline.runs(value, 0.0, value + timeline.per_scrape(value), value)
 
 
+def down_for(minutes: float) -> Values:
+    """A gauge that reads 0 from the fault for `minutes`, then its healthy value again: a target that recovers."""
+
+    def values(timeline: Timeline, value: float) -> str:
+        before, down = timeline.scrapes(timeline.fault_min), timeline.scrapes(minutes)
+        after = timeline.scrapes(timeline.end_min) - before - down
+        return f"{_number(value)}+0x{before - 1} 0+0x{down - 1} {_number(value)}+0x{after}"
+
+    return values
+
+
+def jumps_after(minutes: float, by: float) -> Values:
+    """A counter that goes up once, by `by`, `minutes` after the fault starts (a restart, seen once the target is
+    back)."""
+
+    def values(timeline: Timeline, value: float) -> str:
+        before = timeline.scrapes(timeline.fault_min + minutes)
+        return f"{_number(value)}+0x{before - 1} {_number(value + by)}+0x{timeline.scrapes(timeline.end_min) - before}"
+
+    return values
+
+
 def appears() -> Values:
     """A series that is not there until the fault and is then held at its captured value (a gauge observed only while
     its condition holds)."""
@@ -796,4 +818,43 @@ def test_the_hit_ratio_alert_stays_silent_under_steady_traffic(
     """The near miss of the collapse scenario: the same hours of traffic, the ratio never moving."""
     checks = [Check("Glm53ExternalHitRatioCollapsed", STEADY_TRAFFIC.check_min)]
     group = promtool_group(STEADY_TRAFFIC, checks, pod, monitoring.scrape_interval)
+    run_promtool(group, monitoring.groups, tmp_path)
+
+
+# The sidecar SIGKILLed: its metrics endpoint is down for SIDECAR_DOWN_MIN (the kubelet's restart back-off and the
+# server's start), then it answers again, its restart counted once it does.
+SIDECAR_DOWN_MIN = 4.0
+SIDECAR_KILLED = Scenario(
+    "the-sidecar-is-killed-and-comes-back",
+    (
+        change("glm53_upstream_up", down_for(SIDECAR_DOWN_MIN), target="lmcache"),
+        change("glm53_upstream_restarts_total", jumps_after(SIDECAR_DOWN_MIN, 1.0), target="lmcache"),
+    ),
+    check_min=FAULT_AT + SIDECAR_DOWN_MIN + 20,
+)
+
+
+def test_the_sidecar_alerts_clear_after_it_recovers(
+    monitoring: RenderedMonitoring, pod: dict[Series, float], tmp_path: Path
+) -> None:
+    """An alert that stays after its fault ended trains operators to ignore it: Unreachable fires while the endpoint
+    is down and clears at the first evaluation after it answers; Restarting fires once the restart is counted and
+    clears when the restart leaves its 15-minute window. Every other alert stays silent throughout."""
+    back = SIDECAR_KILLED.fault_min + SIDECAR_DOWN_MIN
+    firing = {
+        alert: (expected_alert(Fault(alert, SIDECAR_KILLED, severity, summary, {"target": "lmcache"}), monitoring),)
+        for alert, severity, summary in (
+            ("Glm53LMCacheUnreachable", "critical", f"LMCache sidecar on {POD} is not answering its metrics endpoint"),
+            ("Glm53LMCacheRestarting", "warning", f"LMCache sidecar on {POD} restarted in the last 15 minutes"),
+        )
+    }
+    others = [alert for alert in monitoring.rules() if alert not in firing]
+    checks = [
+        Check("Glm53LMCacheUnreachable", back - 0.5, firing["Glm53LMCacheUnreachable"]),
+        Check("Glm53LMCacheUnreachable", back + 1),
+        Check("Glm53LMCacheRestarting", back + 1, firing["Glm53LMCacheRestarting"]),
+        Check("Glm53LMCacheRestarting", back + 17),
+        *(Check(alert, minute) for alert in others for minute in (back - 0.5, back + 1, back + 17)),
+    ]
+    group = promtool_group(SIDECAR_KILLED, checks, pod, monitoring.scrape_interval)
     run_promtool(group, monitoring.groups, tmp_path)

@@ -1,4 +1,4 @@
-"""glm53.testing.prometheus on its own: the targets and labels it reads from the chart, and each refusal in one line
+"""glm53.pod.prometheus on its own: the targets and labels it reads from the chart, and each refusal in one line
 (rules promtool refuses, a server that cannot start, a query that does not parse). The live pod's tests are in
 test_prometheus_live.py."""
 
@@ -12,17 +12,20 @@ import pytest
 
 from glm53.errors import Glm53Error
 from glm53.pod import chart
-from glm53.pod.main_job import PodOptions, merged, pod_values
-from glm53.profiles import get_profile
-from glm53.testing.prometheus import (
+from glm53.pod.main_job import PodOptions, pod_values
+from glm53.pod.prometheus import (
     MONITORING_VALUES,
     RUNBOOK_BASE_URL,
+    AlertsSeen,
     ScrapeTarget,
+    alert_report,
+    alerts_of,
     first_error,
     monitoring_of,
     prometheus,
     write_rules,
 )
+from glm53.profiles import get_profile
 
 POD = "glm53-flash-6c9f7b5d8-q4x2z"
 TARGET_LABELS = {"namespace": "default", "service": "glm53-flash", "job": "glm53-flash", "pod": POD}
@@ -32,7 +35,7 @@ TARGET_LABELS = {"namespace": "default", "service": "glm53-flash", "job": "glm53
 def rendered() -> list[dict[str, Any]]:
     """The CPU pod's chart with the ServiceMonitor and the PrometheusRule on."""
     values = pod_values(PodOptions(get_profile("glm53-flash"), validation=False))
-    return chart.render(merged(values, MONITORING_VALUES))
+    return chart.render(chart.merged(values, MONITORING_VALUES))
 
 
 def test_the_service_monitors_ports_get_the_prometheus_operators_target_labels(rendered: list[dict[str, Any]]) -> None:
@@ -50,6 +53,58 @@ def test_the_rules_are_the_rendered_prometheus_rules_spec(rendered: list[dict[st
     with pytest.raises(Glm53Error) as refused:
         monitoring.rule("Glm53Nothing")
     assert str(refused.value).startswith("the chart's PrometheusRule has no alert 'Glm53Nothing'; it has Glm53")
+
+
+def test_the_alert_report_is_firing_first_and_says_what_a_pending_alert_waits_for(
+    rendered: list[dict[str, Any]],
+) -> None:
+    monitoring = monitoring_of(rendered, POD)
+    count = sum(1 for group in monitoring.rules["groups"] for rule in group["rules"] if "alert" in rule)
+    assert alert_report([], monitoring, 41.6) == [
+        f"none of the chart's {count} alerts active, pending or firing (the pod scraped and the rules evaluated "
+        "every 1s for 42 s)"
+    ]
+    # What /api/v1/alerts answers (Prometheus 2.42's shape), the summaries filled in by the server.
+    answer = {
+        "alerts": [
+            {
+                "labels": {"alertname": "Glm53LMCacheUnreachable", "pod": POD},
+                "annotations": {"summary": f"LMCache sidecar on {POD} is not answering its metrics endpoint"},
+                "state": "pending",
+                "activeAt": "2026-12-05T02:50:01.5Z",
+            },
+            {
+                "labels": {"alertname": "Glm53LMCacheRestarting", "pod": POD},
+                "annotations": {"summary": f"LMCache sidecar on {POD} restarted in the last 15 minutes"},
+                "state": "firing",
+                "activeAt": "2026-12-05T02:50:03Z",
+            },
+        ]
+    }
+    assert alert_report(alerts_of(answer), monitoring, 90.0) == [
+        f"firing Glm53LMCacheRestarting: LMCache sidecar on {POD} restarted in the last 15 minutes",
+        f"pending Glm53LMCacheUnreachable (fires once true for 2m): LMCache sidecar on {POD} is not answering its "
+        "metrics endpoint",
+    ]
+
+
+def alert(name: str, state: str, active_at: str) -> dict[str, Any]:
+    return {"labels": {"alertname": name, "pod": POD}, "state": state, "activeAt": active_at}
+
+
+def test_a_faults_alerts_are_what_it_raised_with_their_furthest_state_and_what_was_active_before_apart() -> None:
+    restarting_before = alert("Glm53LMCacheRestarting", "firing", "2026-12-05T02:40:00Z")
+    seen = AlertsSeen.starting(alerts_of({"alerts": [restarting_before]}))
+    unreachable = alert("Glm53LMCacheUnreachable", "pending", "2026-12-05T02:50:01Z")
+    restarting_again = alert("Glm53LMCacheRestarting", "firing", "2026-12-05T02:50:40Z")
+    seen.add(alerts_of({"alerts": [restarting_before, unreachable]}))
+    seen.add(alerts_of({"alerts": [{**unreachable, "state": "firing"}]}))
+    seen.add(alerts_of({"alerts": [unreachable]}))  # never back from firing to pending
+    assert seen.describe(alerts_of({"alerts": [restarting_again]})) == (
+        "Glm53LMCacheRestarting firing, still active; Glm53LMCacheUnreachable firing, cleared; "
+        "already active: Glm53LMCacheRestarting"
+    )
+    assert AlertsSeen.starting([]).describe([]) == "none"
 
 
 def test_a_service_monitor_port_that_reaches_no_container_is_one_line(rendered: list[dict[str, Any]]) -> None:

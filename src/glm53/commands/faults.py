@@ -22,6 +22,7 @@ from glm53.pod.faults.load import LoadShape
 from glm53.pod.faults.suite import FAULTS, SETTINGS, START_FAULTS, SuiteOptions, parse_faults, run_suite
 from glm53.pod.faults.table import FaultRow, format_table
 from glm53.pod.main_job import engine_and_profile, say_to
+from glm53.pod.prometheus import find_tool
 from glm53.profiles import PROFILES
 
 # The bound the chart's settings are held to, from the sidecar answering again (its restart held 25 s, then its own
@@ -39,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         "sidecar gone when the engine starts (absent: back within the connector's mq_timeout; absent-long: past it). "
         "Prints, per setting: requests sent / failed / hung, seconds until LMCache hits return, hit tokens after "
         "recovery against the expected number, the hit tokens of documents stored before the fault and sent after it, "
-        "and the containers restarted.",
+        "the containers restarted and, with --prometheus, the chart's alerts each fault raised.",
     )
     parser.add_argument("--engine", choices=ENGINES, default="vllm", help="vllm (default, the real engine) or standin")
     parser.add_argument("--profile", choices=list(PROFILES), help="model profile (default: the engine's default)")
@@ -57,6 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
         "with --engine standin all but the absent ones)",
     )
     parser.add_argument("--clients", type=int, default=2, help="concurrent clients of the load (default %(default)s)")
+    parser.add_argument(
+        "--prometheus",
+        action="store_true",
+        help="watch each fault played on a Ready pod with a real Prometheus (scripts/setup.d/33-promtool.sh installs "
+        "it) evaluating the chart's alerts: a column names the alerts raised and whether they cleared",
+    )
     parser.add_argument("--json", dest="json_path", metavar="FILE", help="also write the rows as JSON")
     add_session_arguments(parser, "where each setting's pod keeps its volumes and container logs (kept)")
     return parser
@@ -92,11 +99,16 @@ def main(argv: Sequence[str]) -> int:
         )
     if args.clients < 1:
         raise Glm53Error(f"--clients must be at least 1, got {args.clients}")
+    if args.prometheus:
+        find_tool("prometheus")  # before any pod starts: a missing server is one line
     settings = list(SETTINGS) if args.settings == "all" else [args.settings]
     results: dict[str, list[FaultRow]] = {}
     with session("faults", args.workdir, args.keep) as run:
         for setting in settings:
-            options = SuiteOptions(profile, engine, setting, faults, LoadShape(clients=args.clients), chart=args.chart)
+            shape = LoadShape(clients=args.clients)
+            options = SuiteOptions(
+                profile, engine, setting, faults, shape, chart=args.chart, prometheus=args.prometheus
+            )
             say(f"faults: {profile.name} on the {engine} engine, {setting} settings")
             results[setting] = run_suite(options, run.workdir / setting, say)
         for setting, rows in results.items():

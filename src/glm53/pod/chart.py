@@ -25,6 +25,17 @@ RenderedObject = dict[str, Any]
 _GUARD = re.compile(r"^execution error at \([^)]*\): ")
 
 
+def merged(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
+    """`overlay` over `base`, maps merged key by key (how Helm layers values files)."""
+    result = dict(base)
+    for key, value in overlay.items():
+        if isinstance(value, Mapping) and isinstance(result.get(key), Mapping):
+            result[key] = merged(result[key], value)
+        else:
+            result[key] = value
+    return result
+
+
 def chart_dir(path: Path | None) -> Path:
     """The chart to render: `path`, else the checkout's; an error naming the fix when it is not a chart."""
     chart = path or CHECKOUT_CHART

@@ -24,6 +24,8 @@ ENGINE_CONTAINER = "vllm"
 SIDECAR_CONTAINER = "lmcache"
 EXPORTER_CONTAINER = "exporter"
 VALIDATE_CONTAINER = "validate"
+# The pod's model volume (templates/engine/_pod.tpl): one claim every replica mounts, in a cluster.
+WEIGHTS_VOLUME = "weights"
 # With lmcache.serverLayout=perRank the sidecars are `lmcache-0` ... `lmcache-<TP-1>`, one per tensor-parallel rank.
 _PER_RANK_SIDECAR = re.compile(rf"^{SIDECAR_CONTAINER}-(\d+)$")
 

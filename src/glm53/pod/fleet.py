@@ -27,8 +27,16 @@ from pathlib import Path
 from typing import Any
 
 from glm53.errors import EXIT_FAILURE, Glm53Error
-from glm53.pod.contract import ENGINE_CONTAINER
-from glm53.pod.loopback import LOCALHOST, ContainerProcess, RunningPod, free_ports, running_pod, stop_all
+from glm53.pod.contract import ENGINE_CONTAINER, WEIGHTS_VOLUME
+from glm53.pod.loopback import (
+    LOCALHOST,
+    ContainerProcess,
+    RunningPod,
+    free_ports,
+    relocation_for,
+    running_pod,
+    stop_all,
+)
 from glm53.pod.main_job import (
     HTTP_DEADLINE_S,
     PodAddresses,
@@ -245,16 +253,27 @@ class RunningFleet:
 
 @contextlib.contextmanager
 def running_replicas(spec: FleetSpec, say: Callable[[str], None]) -> Iterator[list[RunningPod]]:
-    """Start every replica of the rendered pod, then wait until each is Ready; on leaving, stop them all."""
+    """Start every replica of the rendered pod, then wait until each is Ready; on leaving, stop them all.
+
+    The replicas share one weights directory, as a cluster's pods mount one claim: the first replica's init container
+    makes the tiny model there, the others find it made. One path matters beyond disk: vLLM's model path names every
+    LMCache key (lmcache 0.5.6 integration/vllm/lmcache_mp_connector.py:322), so with a directory each the replicas of
+    a shared L2 tier would never find each other's entries.
+    """
     plans = spec.plans
-    spec.workdir.mkdir(parents=True, exist_ok=True)
+    weights = spec.workdir / WEIGHTS_VOLUME
+    try:
+        shutil.rmtree(weights, ignore_errors=True)
+        spec.workdir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise Glm53Error(f"cannot prepare the work directory {spec.workdir} ({error}); pass a writable one") from None
     with contextlib.ExitStack() as stack:
         pods: list[RunningPod] = []
         for index in range(spec.replicas):
             replica_say = functools.partial(_prefixed, say, f"replica {index}: ")
             workdir = spec.workdir / f"replica-{index}"
-            replica = running_pod(plans.serving, workdir, replica_say, secret_values=plans.secrets)
-            pods.append(stack.enter_context(replica))
+            relocation = relocation_for(plans.serving, workdir, plans.secrets, {WEIGHTS_VOLUME: weights})
+            pods.append(stack.enter_context(running_pod(plans.serving, workdir, replica_say, relocation)))
         for index, pod in enumerate(pods):
             wait_pod_ready(pod, functools.partial(_prefixed, say, f"replica {index}: "))
             say(f"fleet: replica {index} ready at {replica_url(pod)}")

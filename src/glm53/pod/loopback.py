@@ -91,6 +91,8 @@ class Relocation:
     secrets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     # The values of the Secrets' keys that containers read as variables: (Secret, key) -> value.
     secret_values: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    # Volumes whose directory other pods use too (a fleet's weights, as replicas mount one claim): kept, not emptied.
+    shared: frozenset[str] = frozenset()
 
     def port(self, pod_port: int) -> int:
         return self.ports.get(pod_port, pod_port)
@@ -98,7 +100,8 @@ class Relocation:
     def describe(self) -> list[str]:
         """The rewrites, for the runner to print."""
         ports = ", ".join(f"{before}->{after}" for before, after in sorted(self.ports.items()))
-        volumes = ", ".join(f"{name} -> {path}" for name, path in sorted(self.volumes.items()))
+        shared = {name: " (shared)" for name in self.shared}
+        volumes = ", ".join(f"{name} -> {path}{shared.get(name, '')}" for name, path in sorted(self.volumes.items()))
         lines = [
             f"ports moved to free loopback ones: {ports or 'none'}; wildcard binds {WILDCARD} -> {LOCALHOST}",
             f"volumes: {volumes or 'none'}; the image's init (tini) is left to this runner's process groups",
@@ -125,11 +128,16 @@ def listening_ports(plan: PodPlan) -> list[int]:
 
 
 def relocation_for(
-    plan: PodPlan, workdir: Path, secret_values: Mapping[tuple[str, str], str] | None = None
+    plan: PodPlan,
+    workdir: Path,
+    secret_values: Mapping[tuple[str, str], str] | None = None,
+    shared_volumes: Mapping[str, Path] | None = None,
 ) -> Relocation:
-    """Free loopback ports for the plan's ports, a directory per emptyDir under `workdir` (/dev/shm stays), and a value
-    for each Secret key a container reads as a variable: from `secret_values` (the Secrets the operator created, as
-    (name, key) -> value), else a fresh random one, as for Secret volumes."""
+    """Free loopback ports for the plan's ports, a directory per emptyDir under `workdir` (/dev/shm stays) or, for a
+    volume named in `shared_volumes`, the directory given there, and a value for each Secret key a container reads as a
+    variable: from `secret_values` (the Secrets the operator created, as (name, key) -> value), else a fresh random
+    one, as for Secret volumes."""
+    shared = dict(shared_volumes or {})
     pod_ports = listening_ports(plan)
     volumes: dict[str, Path] = {}
     secret_files: dict[str, tuple[str, ...]] = {}
@@ -145,15 +153,21 @@ def relocation_for(
                 EXIT_FAILURE,
             )
         at_shm = any(m.volume == volume.name and m.path == SHM for c in plan.containers for m in c.mounts)
-        volumes[volume.name] = Path(SHM) if volume.in_memory and at_shm else workdir / volume.name
+        if volume.name in shared:
+            volumes[volume.name] = shared[volume.name]
+        else:
+            volumes[volume.name] = Path(SHM) if volume.in_memory and at_shm else workdir / volume.name
     given = secret_values or {}
     values = {
         (name, key): given.get((name, key)) or secrets.token_hex(24)
         for container in plan.containers
         for _, name, key in container.secret_env
     }
+    unknown = sorted(set(shared) - set(volumes))
+    if unknown:
+        raise Glm53Error(f"pod {plan.name!r} has no emptyDir volume {unknown[0]!r} to share", EXIT_FAILURE)
     ports = dict(zip(pod_ports, free_ports(len(pod_ports)), strict=True))
-    return Relocation(ports, volumes, secret_files, values)
+    return Relocation(ports, volumes, secret_files, values, frozenset(shared))
 
 
 def _move_ports(text: str, ports: Mapping[int, int], where: str) -> str:
@@ -427,13 +441,15 @@ def quiet(_line: str) -> None:
 
 
 def prepare_volumes(relocation: Relocation, workdir: Path) -> None:
-    """Fresh, empty emptyDir directories (stale logs or probe state from an earlier run would mislead the probe), and
-    each Secret volume's files with a fresh random value, readable by this user only (the chart's 0440 less the group
-    a runner here has no use for)."""
+    """Fresh, empty emptyDir directories (stale logs or probe state from an earlier run would mislead the probe; a
+    shared one is only made sure to exist: its other pods may be using it), and each Secret volume's files with a fresh
+    random value, readable by this user only (the chart's 0440 less the group a runner here has no use for)."""
     try:
         (workdir / "containers").mkdir(parents=True, exist_ok=True)
-        for directory in relocation.volumes.values():
-            if directory != Path(SHM):
+        for name, directory in relocation.volumes.items():
+            if name in relocation.shared:
+                directory.mkdir(parents=True, exist_ok=True)
+            elif directory != Path(SHM):
                 shutil.rmtree(directory, ignore_errors=True)
                 directory.mkdir(parents=True)
         for name, paths in relocation.secrets.items():

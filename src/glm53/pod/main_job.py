@@ -38,6 +38,7 @@ from glm53.pod.contract import (
 )
 from glm53.pod.loopback import LOCALHOST, RunningPod, quiet, running_pod, service_url_on_loopback, wait_probe
 from glm53.pod.plan import ContainerPlan, PodPlan, deployment_pod, helm_test_pods
+from glm53.pod.prometheus import ChartMonitoring, alert_report, watching
 from glm53.probe.judge import EXIT_NOT_YET
 from glm53.profiles import DEFAULT_PROFILE, PROFILES, ModelProfile, get_profile
 from glm53.validate.options import build_parser, config_from_args
@@ -123,17 +124,6 @@ class PodOptions:
     secrets: Mapping[tuple[str, str], str] = field(default_factory=dict)
 
 
-def merged(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
-    """`overlay` over `base`, maps merged key by key (how Helm layers values files)."""
-    result = dict(base)
-    for key, value in overlay.items():
-        if isinstance(value, Mapping) and isinstance(result.get(key), Mapping):
-            result[key] = merged(result[key], value)
-        else:
-            result[key] = value
-    return result
-
-
 # Startup-probe attempts, a second apart: the stand-in loads in 2 s; the real CPU engine's start-up (three processes
 # importing vLLM, no torch.compile at -O0) took 77 s alone on 2 cores, and more than 300 s in CI beside the LMCache
 # source build when it still compiled, so it gets 15 minutes (the startup probe only bounds a hung start; a healthy one
@@ -182,7 +172,7 @@ def pod_values(options: PodOptions) -> dict[str, Any]:
             "generation": options.lmcache_generation,
             "apiKey": {"secretName": LMCACHE_API_KEY_SECRET},
         }
-    return merged(values, options.values)
+    return chart.merged(values, options.values)
 
 
 def lmcache_overlay(generation: str) -> Path:
@@ -372,14 +362,30 @@ class PodOutcome:
     lmcache_lines: list[str]  # the real servers' lmcache_mp_* counters after validation, summed over cache salts
     lmcache_startup_seconds: float  # spawn of the first sidecar to the last one's startup probe passing
     seconds: float  # start to all processes stopped
+    # What a real Prometheus with the chart's rules said of the pod after validation (`alert_report`); empty when none
+    # watched it.
+    alert_lines: list[str] = field(default_factory=list)
 
 
-def run_pod(plans: PodPlans, workdir: Path, say: Callable[[str], None], progress: Progress) -> PodOutcome:
-    """Start the rendered pod, wait for its startup and readiness probes, validate, stop; the report says pass/fail."""
+def run_pod(
+    plans: PodPlans,
+    workdir: Path,
+    say: Callable[[str], None],
+    progress: Progress,
+    monitoring: ChartMonitoring | None = None,
+) -> PodOutcome:
+    """Start the rendered pod, wait for its startup and readiness probes, validate, stop; the report says pass/fail.
+
+    With `monitoring`, a real Prometheus scrapes the Ready pod through validation as the chart's ServiceMonitor would,
+    evaluating the chart's PrometheusRule, and the outcome carries the alerts active once it saw the pod as it ended.
+    """
     start = time.perf_counter()
     if plans.test is None:
         raise Glm53Error("the rendered chart has no `helm test` pod to validate with; render with validation on")
-    with started_pod(plans, workdir, say) as pod:
+    with started_pod(plans, workdir, say) as pod, watching(monitoring, pod.plan, workdir / "prometheus") as watcher:
+        watched_from = time.monotonic()
+        if watcher is not None:
+            say(f"pod: Prometheus at {watcher.url} scrapes the pod as the chart's ServiceMonitor would")
         urls = PodAddresses.of(pod.plan)
         exporter = pod.plan.container(EXPORTER_CONTAINER).port("metrics") if urls.exporter else None
         config = validation_config(plans.test, pod.plan.container(ENGINE_CONTAINER).port("http"), exporter)
@@ -397,4 +403,8 @@ def run_pod(plans: PodPlans, workdir: Path, say: Callable[[str], None], progress
         lmcache_lines = totals("\n".join(pages), LMCACHE_HIGHLIGHTS)
         # The servers start one after another (each native sidecar waits for the one before).
         startup = sum(pod.startup_seconds[c.name] for c in pod.plan.lmcache_servers())
-    return PodOutcome(report, urls, exporter_lines, lmcache_lines, startup, time.perf_counter() - start)
+        alert_lines = []
+        if watcher is not None and monitoring is not None:
+            watcher.wait_settled()
+            alert_lines = alert_report(watcher.alerts(), monitoring, time.monotonic() - watched_from)
+    return PodOutcome(report, urls, exporter_lines, lmcache_lines, startup, time.perf_counter() - start, alert_lines)

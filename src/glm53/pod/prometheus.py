@@ -1,5 +1,6 @@
 """A real Prometheus on loopback that scrapes a running CPU pod as the chart's ServiceMonitor would and evaluates the
 chart's alerts as its PrometheusRule ships them: what an operator's Prometheus would see of the pod, and say about it.
+`glm53 pod --prometheus` prints what it says after the main job; the tests evaluate every alert and panel with it.
 
 The server is Debian bookworm's `prometheus` 2.42.0 (scripts/setup.d/33-promtool.sh puts it, and promtool, on the
 repository's .tools/bin). Its rules file is the `spec` of the PrometheusRule the chart renders (Helm's engine
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -35,7 +37,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -44,12 +46,10 @@ import yaml
 
 from glm53.errors import Glm53Error
 from glm53.pod import chart
-from glm53.pod.loopback import LOCALHOST, free_ports
-from glm53.pod.main_job import merged
+from glm53.pod.loopback import LOCALHOST, ContainerProcess, free_ports, stop_all
 from glm53.pod.plan import PodPlan
-from glm53.testing.processes import stop_group
 
-# The repository's tool folder, searched after PATH (this file is src/glm53/testing/prometheus.py).
+# The repository's tool folder, searched after PATH (this file is src/glm53/pod/prometheus.py).
 TOOLS_BIN = Path(__file__).resolve().parents[3] / ".tools" / "bin"
 SETUP_SCRIPT = "scripts/setup.d/33-promtool.sh"
 # The chart refuses a PrometheusRule without an absolute runbook base (its guard); alerts only carry the link.
@@ -141,9 +141,15 @@ def monitoring_of(objects: Sequence[Mapping[str, Any]], pod: str) -> ChartMonito
     return ChartMonitoring(_one(objects, "PrometheusRule")["spec"], tuple(ports))
 
 
+def loopback_pod_name(plan: PodPlan) -> str:
+    """The `pod` label of a pod run on loopback: its Deployment's name and `-loopback`, where Kubernetes would add a
+    ReplicaSet hash and a suffix."""
+    return f"{plan.name}-loopback"
+
+
 def chart_monitoring(values: Mapping[str, Any], pod: str) -> ChartMonitoring:
     """The chart rendered with the pod's `values` and its ServiceMonitor and PrometheusRule on."""
-    return monitoring_of(chart.render(merged(values, MONITORING_VALUES)), pod)
+    return monitoring_of(chart.render(chart.merged(values, MONITORING_VALUES)), pod)
 
 
 @dataclass(frozen=True)
@@ -200,14 +206,70 @@ class Alert:
     state: str
     labels: Mapping[str, str]
     active_at: datetime
+    summary: str = ""  # its `summary` annotation, with the alert's labels filled in
 
 
 def alerts_of(data: Mapping[str, Any]) -> list[Alert]:
     """The alerts of an /api/v1/alerts answer's `data`."""
     return [
-        Alert(a["labels"]["alertname"], a["state"], a["labels"], datetime.fromisoformat(a["activeAt"]))
+        Alert(
+            a["labels"]["alertname"],
+            a["state"],
+            a["labels"],
+            datetime.fromisoformat(a["activeAt"]),
+            a.get("annotations", {}).get("summary", ""),
+        )
         for a in data["alerts"]
     ]
+
+
+def alert_report(alerts: Sequence[Alert], monitoring: ChartMonitoring, watched_s: float) -> list[str]:
+    """What an operator's Prometheus says of the pod, a line per active alert (firing first), or one line saying none
+    of the chart's alerts is active. A pending alert says the `for:` it must hold before it fires."""
+    rules = [r for group in monitoring.rules["groups"] for r in group["rules"] if "alert" in r]
+    if not alerts:
+        return [
+            f"none of the chart's {len(rules)} alerts active, pending or firing (the pod scraped and the rules "
+            f"evaluated every {INTERVAL} for {watched_s:.0f} s)"
+        ]
+    lines = []
+    for alert in sorted(alerts, key=lambda a: (a.state != "firing", a.name)):
+        wait = ""
+        if alert.state == "pending":
+            wait = f" (fires once true for {monitoring.rule(alert.name).get('for', '0s')})"
+        lines.append(f"{alert.state} {alert.name}{wait}: {alert.summary or 'no summary'}")
+    return lines
+
+
+@dataclass
+class AlertsSeen:
+    """The alerts a fault raised: each that became active after the fault began, with the furthest state it reached
+    (firing over pending). Those already active then (`before`, by name and activation) are named apart: a restart's
+    alert reads 15 minutes and outlasts the next fault's start."""
+
+    before: frozenset[tuple[str, datetime]]
+    reached: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def starting(cls, active: Sequence[Alert]) -> AlertsSeen:
+        return cls(frozenset((a.name, a.active_at) for a in active))
+
+    def add(self, active: Sequence[Alert]) -> None:
+        for alert in active:
+            if (alert.name, alert.active_at) not in self.before and self.reached.get(alert.name) != "firing":
+                self.reached[alert.name] = alert.state
+
+    def describe(self, active_at_end: Sequence[Alert]) -> str:
+        """One cell: `Name state, cleared|still active` per alert raised (`none` if the fault raised none), then the
+        alerts that were already active."""
+        self.add(active_at_end)
+        still = {a.name for a in active_at_end}
+        parts = [
+            f"{name} {state}, {'still active' if name in still else 'cleared'}"
+            for name, state in sorted(self.reached.items())
+        ] or ["none"]
+        already = sorted({name for name, _ in self.before})
+        return "; ".join(parts + ([f"already active: {', '.join(already)}"] if already else []))
 
 
 def last_evaluations(data: Mapping[str, Any]) -> list[datetime]:
@@ -242,7 +304,7 @@ class Prometheus:
 
     url: str
     log: Path
-    process: subprocess.Popen[bytes]
+    process: ContainerProcess
 
     def api(self, path: str, **params: str) -> Any:
         """The `data` of an HTTP API answer; a refusal (a query that does not parse) is one line."""
@@ -277,7 +339,7 @@ class Prometheus:
         """`check`'s first answer that is not None (or False), polled; an error saying `what` was awaited."""
         deadline = time.monotonic() + timeout_s
         while True:
-            if self.process.poll() is not None:
+            if self.process.process.poll() is not None:
                 raise Glm53Error(f"Prometheus exited while waiting for {what}: {last_line(self.log)}")
             found = check()
             if found is not None and found is not False:
@@ -337,18 +399,29 @@ def prometheus(rules: Mapping[str, Any], targets: Sequence[ScrapeTarget], workdi
         f"--storage.tsdb.path={workdir / 'data'}",
     ]
     log = workdir / "prometheus.log"
-    with log.open("ab") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    process = ContainerProcess("prometheus", command, {"PATH": os.environ.get("PATH", "")}, log)
     server = Prometheus(f"http://{address}", log, process)
     try:
         deadline = time.monotonic() + START_DEADLINE_S
         while not _ready(server.url):
-            if process.poll() is not None or time.monotonic() > deadline:
+            if process.process.poll() is not None or time.monotonic() > deadline:
                 raise Glm53Error(f"Prometheus did not start on {address}: {last_line(log)}")
             time.sleep(POLL_S)
         yield server
     finally:
-        stop_group(process, STOP_GRACE_S)
+        stop_all([process], STOP_GRACE_S)
+
+
+@contextlib.contextmanager
+def watching(monitoring: ChartMonitoring | None, plan: PodPlan, workdir: Path) -> Iterator[Prometheus | None]:
+    """With `monitoring`, a Prometheus scraping the running pod of `plan` as the chart's ServiceMonitor would and
+    evaluating the chart's rules, once it scraped every target; without, None (nobody watches)."""
+    if monitoring is None:
+        yield None
+        return
+    with prometheus(monitoring.rules, scrape_targets(monitoring, plan), workdir) as server:
+        server.wait_scraped(time.time())
+        yield server
 
 
 def _ready(url: str) -> bool:
