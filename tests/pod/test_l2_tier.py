@@ -175,3 +175,46 @@ def test_validation_reloads_from_the_fs_tier_and_finds_them_equivalent(tmp_path:
     # Every reload came from the tier: the server loaded the prompt's chunks back from L2 once per reload.
     chunks = FLASH_PROMPT_CHUNKS
     assert (loaded.total("lmcache_mp_l2_prefetch_load_completed_chunks_total") or 0) >= DEFAULT_RUNS * chunks
+
+
+# A Redis bounded far below what the load stores, and how long the load goes on once it is full.
+FULL_REDIS = "4mb"
+FILL_WITHIN_S = 90.0
+PAST_FULL_S = 10.0
+
+
+@pytest.mark.parametrize("policy", ["allkeys-lru", "noeviction"])
+def test_at_its_memory_bound_redis_evicts_or_refuses_and_no_request_fails(tmp_path: Path, policy: str) -> None:
+    """What the chart's docs recommend, `allkeys-lru`: at `maxmemory` Redis evicts the least recently used chunks and
+    every store succeeds. Redis's default, `noeviction`: every write past the bound is refused (OOM), which the server
+    logs as failed store tasks (the exporter's glm53_lmcache_l2_store_failures_total, the L2 alert's store branch).
+    Either way no request fails or hangs: the engine serves on from L1."""
+    with redis_server(tmp_path / "redis", maxmemory=FULL_REDIS, policy=policy) as redis:
+        with pods(plans_for(redis), tmp_path, 1) as (pod,):
+            traffic = load(pod)
+            traffic.start()
+            deadline = time.monotonic() + FILL_WITHIN_S
+            while time.monotonic() < deadline and not full(redis.info("stats")):
+                time.sleep(0.5)
+            filled = full(redis.info("stats"))
+            time.sleep(PAST_FULL_S)
+            outcomes = traffic.stop()
+            memory, stats, keys = redis.info("memory"), redis.info("stats"), redis.key_count()
+    failed_stores = (tmp_path / "pod-0" / "logs" / "lmcache.log").read_text(errors="replace").count("failed for keys")
+    figures = (
+        f"{policy}: {len(outcomes)} requests, {keys} keys held, used_memory {memory['used_memory']} of "
+        f"{memory['maxmemory']}, evicted_keys {stats['evicted_keys']}, error replies {stats['total_error_replies']}, "
+        f"failed store tasks {failed_stores}"
+    )
+    print(figures)
+    assert filled, figures
+    assert outcomes and all(o.result == "ok" for o in outcomes), figures
+    if policy == "allkeys-lru":
+        assert int(stats["evicted_keys"]) > 0 and failed_stores == 0, figures
+    else:
+        assert int(stats["evicted_keys"]) == 0 and failed_stores > 0, figures
+
+
+def full(stats: dict[str, str]) -> bool:
+    """Whether Redis reached its bound: it evicted a key or refused a write (an error reply; AUTH never fails here)."""
+    return int(stats["evicted_keys"]) > 0 or int(stats["total_error_replies"]) > 0

@@ -10,6 +10,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator, Mapping
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from glm53.errors import Glm53Error
-from glm53.l2gate import Command, RespEndpoint, exchange, verdict
+from glm53.l2gate import Command, RespEndpoint, encode, exchange, verdict
 from glm53.pod.loopback import free_ports
 
 # The repository's tool folder, searched after PATH (this file is src/glm53/testing/redis_server.py).
@@ -36,6 +37,9 @@ class RedisServer:
     password: str
     workdir: Path
     program: str
+    # Its memory bound and what it does there (docs/operations.md recommends allkeys-lru for a shared tier).
+    maxmemory: str = "512mb"
+    policy: str = "allkeys-lru"
     process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -45,7 +49,7 @@ class RedisServer:
             self.program,
             *("--bind", "127.0.0.1", "--port", str(self.port), "--requirepass", self.password),
             *("--save", "", "--appendonly", "no", "--dir", str(self.workdir)),
-            *("--maxmemory", "512mb", "--maxmemory-policy", "allkeys-lru"),
+            *("--maxmemory", self.maxmemory, "--maxmemory-policy", self.policy),
         ]
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + START_DEADLINE_S
@@ -77,6 +81,25 @@ class RedisServer:
         """How many keys it holds (DBSIZE)."""
         return int(self._commands(("AUTH", self.password), ("DBSIZE",)).split(b"\r\n")[1].lstrip(b":"))
 
+    def info(self, section: str) -> dict[str, str]:
+        """INFO `section`'s fields (`used_memory`, `evicted_keys`, ...): a bulk reply, which the supervisor's one-line
+        exchange does not read, so it is read here up to its announced length."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=5) as sock:
+            sock.sendall(encode("AUTH", self.password) + encode("INFO", section))
+            data = b""
+            while True:
+                received = sock.recv(65536)
+                if not received:
+                    raise Glm53Error(f"redis-server on port {self.port} closed the connection during INFO {section}")
+                data += received
+                _, _, bulk = data.partition(b"\r\n")  # after AUTH's +OK
+                header, found, body = bulk.partition(b"\r\n")
+                if found and not header.startswith(b"$"):
+                    raise Glm53Error(f"redis-server on port {self.port} refused INFO {section}: {bulk[:80]!r}")
+                if found and len(body) >= int(header[1:]):
+                    text = body[: int(header[1:])].decode()
+                    return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+
     def _commands(self, *commands: Command) -> bytes:
         """`commands` on one connection, their one-line replies together."""
         return exchange(RespEndpoint("127.0.0.1", self.port), commands, timeout_s=5)
@@ -92,13 +115,14 @@ class RedisServer:
 
 
 @contextlib.contextmanager
-def redis_server(workdir: Path) -> Iterator[RedisServer]:
-    """A fresh Redis on a free loopback port with a random password; killed on leaving."""
+def redis_server(workdir: Path, maxmemory: str = "512mb", policy: str = "allkeys-lru") -> Iterator[RedisServer]:
+    """A fresh Redis on a free loopback port with a random password, bounded at `maxmemory` with `policy`; killed on
+    leaving."""
     program = shutil.which("redis-server") or shutil.which("redis-server", path=str(TOOLS_BIN))
     if program is None:
         raise Glm53Error("redis-server not found on PATH or in .tools/bin; run `bash scripts/setup.d/34-redis.sh`")
     workdir.mkdir(parents=True, exist_ok=True)
-    server = RedisServer(free_ports(1)[0], secrets.token_hex(16), workdir, program)
+    server = RedisServer(free_ports(1)[0], secrets.token_hex(16), workdir, program, maxmemory, policy)
     server.start()
     try:
         yield server
