@@ -3,8 +3,8 @@
 The default fs tier: `glm53 validate --reload-from l2` checks cold-versus-cached equivalence on KV that went through
 the tier (LMCache's L1 emptied before each reload). The shared tier (`type=resp`) on a real Redis (Debian's
 redis-server 7.0.15, loopback, a password): what one replica stored, another finds; two `cache_salt` tenants never hit
-each other's entries; Redis killed under load fails no request and the pod serves on from L1; and what a Redis that
-comes back gets.
+each other's entries; Redis killed under load fails no request and the pod serves on from L1; what a Redis that
+comes back gets; and a Redis at its memory bound, evicting or refusing writes.
 
 The pods are the chart's, rendered with the tier and its default auth (the password reaches the server as
 LMCACHE_RESP_PASSWORD from the Secret), run on loopback with the engine stand-in: the tier is the server's business,
@@ -189,17 +189,17 @@ def test_at_its_memory_bound_redis_evicts_or_refuses_and_no_request_fails(tmp_pa
     every store succeeds. Redis's default, `noeviction`: every write past the bound is refused (OOM), which the server
     logs as failed store tasks (the exporter's glm53_lmcache_l2_store_failures_total, the L2 alert's store branch).
     Either way no request fails or hangs: the engine serves on from L1."""
-    with redis_server(tmp_path / "redis", maxmemory=FULL_REDIS, policy=policy) as redis:
-        with pods(plans_for(redis), tmp_path, 1) as (pod,):
-            traffic = load(pod)
-            traffic.start()
-            deadline = time.monotonic() + FILL_WITHIN_S
-            while time.monotonic() < deadline and not full(redis.info("stats")):
-                time.sleep(0.5)
-            filled = full(redis.info("stats"))
-            time.sleep(PAST_FULL_S)
-            outcomes = traffic.stop()
-            memory, stats, keys = redis.info("memory"), redis.info("stats"), redis.key_count()
+    redis_bounded = redis_server(tmp_path / "redis", maxmemory=FULL_REDIS, policy=policy)
+    with redis_bounded as redis, pods(plans_for(redis), tmp_path, 1) as (pod,):
+        traffic = load(pod)
+        traffic.start()
+        deadline = time.monotonic() + FILL_WITHIN_S
+        while time.monotonic() < deadline and not full(redis.info("stats")):
+            time.sleep(0.5)
+        filled = full(redis.info("stats"))
+        time.sleep(PAST_FULL_S)
+        outcomes = traffic.stop()
+        memory, stats, keys = redis.info("memory"), redis.info("stats"), redis.key_count()
     failed_stores = (tmp_path / "pod-0" / "logs" / "lmcache.log").read_text(errors="replace").count("failed for keys")
     figures = (
         f"{policy}: {len(outcomes)} requests, {keys} keys held, used_memory {memory['used_memory']} of "
