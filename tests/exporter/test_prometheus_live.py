@@ -4,9 +4,10 @@ tests/exporter/test_alert_rules.py proves each alert on series built from captur
 built: the chart's pod runs on loopback with the engine stand-in and the real `lmcache server` sidecar, a real
 Prometheus scrapes its vLLM and exporter endpoints as the chart's ServiceMonitor would (the Prometheus Operator's
 target labels, `glm53.pod.prometheus`) and evaluates the PrometheusRule the chart renders, every second. One pod
-and one Prometheus serve the three tests, after one burst of traffic: the healthy pod raises nothing, every dashboard
+and one Prometheus serve three tests, after one burst of traffic: the healthy pod raises nothing, every dashboard
 panel answers or is empty for a reason named here, and a SIGKILLed sidecar (restarted as the kubelet would, after the
-chart's restart hold) raises what the runbook says and settles.
+chart's restart hold) raises what the runbook says and settles. A fourth starts a pod with a wrong chunk size, which
+never turns Ready: the geometry alert fires.
 
 The engine stand-in is enough: every alert reads the exporter's series (the log facts, and the sidecar's pages and
 /status), which come from the real sidecar and from log lines the stand-in writes as vLLM 0.33 and LMCache's connector
@@ -31,18 +32,20 @@ from glm53.pod.contract import SIDECAR_CONTAINER
 from glm53.pod.faults.load import LoadShape
 from glm53.pod.faults.suite import load_on
 from glm53.pod.kubelet import kubelet
-from glm53.pod.loopback import RunningPod, quiet
+from glm53.pod.loopback import RunningPod, quiet, running_pod
 from glm53.pod.main_job import PodAddresses, PodOptions, pod_values, render_plans, started_pod
 from glm53.pod.prometheus import (
     Alert,
     ChartMonitoring,
     Prometheus,
+    alert_report,
     chart_monitoring,
     loopback_pod_name,
     prometheus,
     scrape_targets,
 )
 from glm53.profiles import get_profile
+from tests.support.plan_edits import with_chunk_size
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -239,3 +242,33 @@ def test_a_killed_sidecar_raises_lmcache_unreachable_then_restarting_and_the_pod
     assert fired == {RESTARTING}, timeline.seen
     assert (UNREACHABLE, "pending") in seen
     assert {name for name, _ in seen} <= {UNREACHABLE, RESTARTING, *PENDING_DURING_A_RESTART}, timeline.seen
+
+
+# --- a start the probe refuses --------------------------------------------------------------------------------------
+
+GEOMETRY = "Glm53GeometryMismatch"
+# Its `for: 2m` from the exporter's first `wrong` verdict, plus the engine's failed start before it (about 20 s here).
+GEOMETRY_FIRES_WITHIN_S = 240.0
+
+
+def test_a_wrong_chunk_start_fires_the_geometry_alert(tmp_path: Path) -> None:
+    """What an operator sees of a pod the probe refuses: the chart renders no chunk size the model's block does not
+    divide, so the plan carries 256 for GLM-5.3-Flash as a hand-edited Deployment would (tests/pod/test_main_job.py's
+    wrong-chunk start). LMCache's connector refuses it, the pod never turns Ready, and the operator's Prometheus fires
+    the geometry alert on the probe's `wrong` verdict once its two minutes have passed."""
+    options = PodOptions(FLASH, validation=False, values=VALUES)
+    plans = with_chunk_size(render_plans(options), 256)
+    name = loopback_pod_name(plans.serving)
+    monitoring = chart_monitoring(pod_values(options), name)
+    with running_pod(plans.serving, tmp_path / "pod", quiet, secret_values=plans.secrets) as pod:
+        targets = scrape_targets(monitoring, pod.plan)
+        with prometheus(monitoring.rules, targets, tmp_path / "prometheus") as server:
+
+            def firing() -> Alert | None:
+                return next((a for a in server.alerts() if a.name == GEOMETRY and a.state == "firing"), None)
+
+            alert = server.wait_for(f"{GEOMETRY} firing", firing, GEOMETRY_FIRES_WITHIN_S)
+            report = alert_report(server.alerts(), monitoring, 0.0)
+    assert (alert.labels["pod"], alert.labels["status"], alert.labels["severity"]) == (name, "wrong", "critical")
+    assert f"firing {GEOMETRY}: LMCache cache geometry on {name} does not match the model profile" in report
+    assert "EngineCore failed to start" in (tmp_path / "pod" / "logs" / "vllm.log").read_text(errors="replace")

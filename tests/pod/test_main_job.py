@@ -52,8 +52,8 @@ from glm53.pod.main_job import (
     totals,
     wait_pod_ready,
 )
-from glm53.pod.plan import ContainerPlan
 from glm53.profiles import get_profile
+from tests.support.plan_edits import with_chunk_size
 
 MARKER = "GLM53_POD_TEST_MARKER"
 pytestmark = pytest.mark.slow
@@ -323,20 +323,6 @@ def interrupted(command: list[str], ready: str, signum: int, marker: str, at_lea
     return stderr
 
 
-def with_chunk_size(container: ContainerPlan, chunk_size: int) -> ContainerPlan:
-    """`container` with every `--chunk-size` value replaced: in its command and in its startup probe."""
-
-    def replaced(argv: tuple[str, ...]) -> tuple[str, ...]:
-        return tuple(str(chunk_size) if i and argv[i - 1] == "--chunk-size" else part for i, part in enumerate(argv))
-
-    probe = container.startup_probe
-    return dataclasses.replace(
-        container,
-        argv=replaced(container.argv),
-        startup_probe=None if probe is None else dataclasses.replace(probe, command=replaced(probe.command)),
-    )
-
-
 def test_port_already_taken_is_one_line_and_never_ready(tmp_path: Path, marker: str) -> None:
     plans = render_plans(PodOptions(FLASH))
     relocation = relocation_for(plans.serving, tmp_path)
@@ -360,9 +346,7 @@ def test_wrong_chunk_size_is_refused_at_engine_start(tmp_path: Path, marker: str
     The chart refuses to render this (lmcache.chunkSize must be a multiple of 1152), so the test edits the plan: the
     same --chunk-size in the sidecar and in the engine's startup probe, as a hand-edited Deployment would have.
     """
-    plans = render_plans(PodOptions(FLASH))
-    wrong = tuple(with_chunk_size(c, 256) for c in plans.serving.containers)
-    plans = dataclasses.replace(plans, serving=dataclasses.replace(plans.serving, containers=wrong))
+    plans = with_chunk_size(render_plans(PodOptions(FLASH)), 256)
     with pytest.raises(Glm53Error) as caught, started_pod(plans, tmp_path, lambda _: None):
         pass
     assert caught.value.exit_code == EXIT_NOT_READY
