@@ -7,9 +7,11 @@ place can be named in an assertion (the runner's `relocation_for` only picks fre
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,8 +24,11 @@ from glm53.pod import chart
 from glm53.pod.contract import CHECKOUT_CHART, WEIGHTS_VOLUME
 from glm53.pod.loopback import (
     EXIT_NOT_READY,
+    LOCALHOST,
     SHM,
     Relocation,
+    ephemeral_range_start,
+    free_ports,
     listening_ports,
     prepare_volumes,
     relocate,
@@ -356,3 +361,19 @@ def test_a_variable_from_a_secret_gets_the_value_it_was_created_with_else_a_fres
     assert len(made_up) == 48 and made_up != relocation_for(pod, tmp_path).secret_values[("glm53-l2-redis", "password")]
     # The Redis port is no pod port: it stays as the chart rendered it.
     assert json.loads(given.container("lmcache").option("--l2-adapter"))["port"] == 6380
+
+
+def test_free_ports_are_distinct_bindable_and_below_the_kernels_ephemeral_range() -> None:
+    """Below it no outgoing connection's source port can take a port between this pick and its server's bind."""
+    ports = free_ports(24)
+    assert len(set(ports)) == 24
+    assert all(10000 <= port < ephemeral_range_start() for port in ports), ports
+    with contextlib.ExitStack() as stack:
+        for port in ports:
+            stack.enter_context(socket.socket()).bind((LOCALHOST, port))
+
+
+def test_without_room_below_the_ephemeral_range_the_kernel_picks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("glm53.pod.loopback.ephemeral_range_start", lambda: 1024)
+    ports = free_ports(3)
+    assert len(set(ports)) == 3 and all(port >= 1024 for port in ports)

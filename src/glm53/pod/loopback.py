@@ -34,6 +34,7 @@ import dataclasses
 import json
 import math
 import os
+import random
 import re
 import secrets
 import shutil
@@ -72,13 +73,44 @@ _INIT_NAMES = ("tini", "tini-static", "dumb-init")
 _LMCACHE_KV_SEGMENT = re.compile(r"^lmcache_kv_(\d+)_\d+$")
 
 
+# The kernel's ephemeral range, where bind(port 0) and every outgoing connection's source port come from.
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_PORT = 10000
+
+
 def free_ports(count: int) -> list[int]:
-    """Ports the kernel says are free on loopback, all distinct (the sockets are held open together)."""
+    """`count` distinct ports free on loopback now, each checked by binding it (the sockets are held open together).
+
+    They lie below the kernel's ephemeral range: a port that bind(0) gave out and this runner released is free to
+    become the source port of any outgoing connection on the machine before the server it was meant for binds it (a CI
+    run on a loaded machine saw LMCache's ZMQ bind fail with "Address already in use"). Below that range only another
+    runner's pick can take it, and a random order keeps two runners apart. Where the range leaves no room below it,
+    the kernel picks, as bind(0) does."""
+    first_ephemeral = ephemeral_range_start()
+    candidates = list(range(LOWEST_PORT, first_ephemeral))
+    random.shuffle(candidates)
+    chosen: list[int] = []
     with contextlib.ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in sockets:
+        for port in candidates:
+            if len(chosen) == count:
+                break
+            sock = stack.enter_context(socket.socket())
+            with contextlib.suppress(OSError):
+                sock.bind((LOCALHOST, port))
+                chosen.append(port)
+        for _ in range(count - len(chosen)):
+            sock = stack.enter_context(socket.socket())
             sock.bind((LOCALHOST, 0))
-        return [sock.getsockname()[1] for sock in sockets]
+            chosen.append(sock.getsockname()[1])
+    return chosen
+
+
+def ephemeral_range_start() -> int:
+    """The first port of the kernel's ephemeral range (Linux's default 32768 where the file cannot be read)."""
+    try:
+        return int(EPHEMERAL_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 @dataclass(frozen=True)
