@@ -36,6 +36,7 @@ from glm53.pod.loopback import RunningPod, quiet, running_pod
 from glm53.pod.main_job import PodAddresses, PodOptions, pod_values, render_plans, started_pod
 from glm53.pod.prometheus import (
     Alert,
+    AlertsSeen,
     ChartMonitoring,
     Prometheus,
     alert_report,
@@ -189,21 +190,19 @@ def test_every_dashboard_panel_answers_or_is_empty_for_a_known_reason(live: Live
 
 
 @dataclass
-class Timeline:
-    """Each (alert, state) of the pod seen while watching, with when it was first and last seen (seconds since
-    `began`)."""
+class Watch:
+    """The pod's alerts seen while watching (glm53.pod.prometheus.AlertsSeen: each with the furthest state it reached),
+    every one of them on this pod."""
 
     prometheus: Prometheus
     pod: str
-    began: float = field(default_factory=time.monotonic)
-    seen: dict[tuple[str, str], list[float]] = field(default_factory=dict)
+    seen: AlertsSeen = field(default_factory=lambda: AlertsSeen(frozenset()))
 
     def watch(self) -> list[Alert]:
         alerts = self.prometheus.alerts()
-        now = time.monotonic() - self.began
         for alert in alerts:
             assert alert.labels.get("pod") == self.pod, alert
-            self.seen.setdefault((alert.name, alert.state), [now, now])[1] = now
+        self.seen.add(alerts)
         return alerts
 
     def the(self, name: str) -> Alert | None:
@@ -214,34 +213,34 @@ def test_a_killed_sidecar_raises_lmcache_unreachable_then_restarting_and_the_pod
     server = live.prometheus
     unreachable_expr: Any = live.monitoring.rule(UNREACHABLE)["expr"]
     with kubelet(live.pod, quiet) as loop:
-        timeline = Timeline(server, live.name)
+        watched = Watch(server, live.name)
         os.killpg(live.pod.process(SIDECAR_CONTAINER).process.pid, signal.SIGKILL)
         # Pending, not firing: its `for: 2m` outlasts a restart (the chart holds a restarted sidecar back for
         # lmcache.resilience.restartHoldSeconds, 25 s by default, and the server then starts in about 8 s).
-        alert = server.wait_for(f"{UNREACHABLE} active", lambda: timeline.the(UNREACHABLE), UNREACHABLE_WITHIN_S)
+        alert = server.wait_for(f"{UNREACHABLE} active", lambda: watched.the(UNREACHABLE), UNREACHABLE_WITHIN_S)
         assert (alert.state, alert.labels["target"], alert.labels["severity"]) == ("pending", "lmcache", "critical")
         during = server.query(unreachable_expr)
         assert [(s["metric"]["pod"], s["metric"]["target"]) for s in during] == [(live.name, "lmcache")]
 
         def sidecar_back() -> bool:
-            timeline.watch()
+            watched.watch()
             return loop.restart_count(SIDECAR_CONTAINER) == 1 and loop.wait_started(SIDECAR_CONTAINER, 0)
 
         server.wait_for("the sidecar started again", sidecar_back, RECOVERED_WITHIN_S)
         server.wait_for(
             "the alerts of a recovered pod",
-            lambda: (found := active(timeline.watch())) <= ACTIVE_AFTER_RECOVERY and (RESTARTING, "firing") in found,
+            lambda: (found := active(watched.watch())) <= ACTIVE_AFTER_RECOVERY and (RESTARTING, "firing") in found,
             SETTLED_WITHIN_S,
         )
         after = server.query(unreachable_expr)
         restarting = [(a.labels["target"], a.labels["severity"]) for a in server.alerts() if a.name == RESTARTING]
     assert after == []
     assert restarting == [("lmcache", "warning")]
-    seen = set(timeline.seen)
-    fired = {name for name, state in seen if state == "firing"}
-    assert fired == {RESTARTING}, timeline.seen
-    assert (UNREACHABLE, "pending") in seen
-    assert {name for name, _ in seen} <= {UNREACHABLE, RESTARTING, *PENDING_DURING_A_RESTART}, timeline.seen
+    reached = watched.seen.reached
+    fired = {name for name, state in reached.items() if state == "firing"}
+    assert fired == {RESTARTING}, reached
+    assert reached.get(UNREACHABLE) == "pending", reached
+    assert set(reached) <= {UNREACHABLE, RESTARTING, *PENDING_DURING_A_RESTART}, reached
 
 
 # --- a start the probe refuses --------------------------------------------------------------------------------------

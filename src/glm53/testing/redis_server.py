@@ -27,6 +27,9 @@ TOOLS_BIN = Path(__file__).resolve().parents[3] / ".tools" / "bin"
 SECRET = "glm53-l2-redis"
 PASSWORD_KEY = "password"
 START_DEADLINE_S = 20.0
+# The bound and eviction policy docs/operations.md recommends for a shared tier, unless a test asks for others.
+MAXMEMORY = "512mb"
+POLICY = "allkeys-lru"
 
 
 @dataclass
@@ -37,9 +40,9 @@ class RedisServer:
     password: str
     workdir: Path
     program: str
-    # Its memory bound and what it does there (docs/operations.md recommends allkeys-lru for a shared tier).
-    maxmemory: str = "512mb"
-    policy: str = "allkeys-lru"
+    # Its memory bound and what it does there.
+    maxmemory: str = MAXMEMORY
+    policy: str = POLICY
     process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -115,7 +118,7 @@ class RedisServer:
 
 
 @contextlib.contextmanager
-def redis_server(workdir: Path, maxmemory: str = "512mb", policy: str = "allkeys-lru") -> Iterator[RedisServer]:
+def redis_server(workdir: Path, maxmemory: str = MAXMEMORY, policy: str = POLICY) -> Iterator[RedisServer]:
     """A fresh Redis on a free loopback port with a random password, bounded at `maxmemory` with `policy`; killed on
     leaving."""
     program = shutil.which("redis-server") or shutil.which("redis-server", path=str(TOOLS_BIN))

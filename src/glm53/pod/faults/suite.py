@@ -266,8 +266,9 @@ def _run_pod(options: SuiteOptions, workdir: Path, say: Callable[[str], None]) -
     values = suite_values(options)
     pod_options = PodOptions(options.profile, options.engine, validation=False, chart=options.chart, values=values)
     plans = render_plans(pod_options)
-    pod_name = loopback_pod_name(plans.serving)
-    monitoring = chart_monitoring(pod_values(pod_options), pod_name) if options.prometheus else None
+    monitoring = None
+    if options.prometheus:
+        monitoring = chart_monitoring(pod_values(pod_options), loopback_pod_name(plans.serving))
     first = options.faults[0]
     rows: list[FaultRow] = []
     if first.name in START_FAULTS:
