@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -35,6 +36,7 @@ from glm53.pod.loopback import (
     relocation_for,
     remove_stale_kv_segments,
     service_url_on_loopback,
+    wait_group_gone,
 )
 from glm53.pod.main_job import PodOptions, render_plans
 from glm53.pod.plan import PodPlan, deployment_pod, pod_from_spec
@@ -377,3 +379,13 @@ def test_without_room_below_the_ephemeral_range_the_kernel_picks(monkeypatch: py
     monkeypatch.setattr("glm53.pod.loopback.ephemeral_range_start", lambda: 1024)
     ports = free_ports(3)
     assert len(set(ports)) == 3 and all(port >= 1024 for port in ports)
+
+
+def test_a_killed_group_is_waited_for_until_its_last_member_is_gone() -> None:
+    """The leader reaped is not enough: its child, an orphan now, may still exist (and own its KV segment)."""
+    leader = subprocess.Popen(["sh", "-c", "sleep 60 & wait"], start_new_session=True)
+    os.killpg(leader.pid, signal.SIGKILL)
+    leader.wait()
+    wait_group_gone(leader.pid, 10.0)
+    with pytest.raises(ProcessLookupError):
+        os.killpg(leader.pid, 0)

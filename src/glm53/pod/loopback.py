@@ -390,6 +390,25 @@ class ContainerProcess:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)  # stragglers: the server if the supervisor died first, or both
         self.process.wait()
+        wait_group_gone(pgid, GROUP_GONE_S)
+
+
+# How long the members of a SIGKILLed group may take to die and be reaped (orphans by then, which init reaps).
+GROUP_GONE_S = 10.0
+
+
+def wait_group_gone(pgid: int, timeout_s: float) -> None:
+    """Until no process of group `pgid` exists, or `timeout_s` passed. SIGKILL is delivered asynchronously, and a
+    member that outlives the leader (the engine's worker, still printing its shutdown warnings) exists, so still owns
+    its files, for a moment after killpg returns: remove_stale_kv_segments, run next, leaves a living process's KV
+    segment alone (a CI run found the real engine's worker segment left behind so)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
 
 
 @dataclass
