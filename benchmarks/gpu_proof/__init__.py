@@ -23,6 +23,10 @@ is what `scripts/gpu-proof.sh` runs after building LMCache from its sdist on the
              ``lmcache.mp.server_urls`` layout), storing and retrieving one request concurrently, with the roles
              LMCache's connector gives each rank; aggregate GB/s beside N concurrent pinned copies measured the same
              way, the server's CPU use, and p50/p99 latencies;
+``vmm-ipc``  vLLM 0.34's extensible KV cache (its own ``ExtensibleTensor`` over driver-mapped memory, the files
+             ``vmm-files`` takes from its wheel on a machine that has it) handed to each of LMCache 0.5.6's CUDA IPC
+             wrappers and opened in a second process, beside ``torch.empty`` memory: whether the sidecar can share
+             it, the reason the chart renders ``--no-enable-extensible-kv-cache`` with ``vllm.generation=0.34.0``;
 ``lmcache-server``  ``lmcache server`` with the phase probes installed (used by ``ipc`` and ``tp``).
              ``--device cpu`` rehearses ``ipc`` and ``tp`` on a CPU host (LMCache then moves the bytes through POSIX
              SHM), which is how this proof was made to work before it met a GPU.
@@ -44,6 +48,7 @@ Run it as ``python3 benchmarks/gpu_proof COMMAND ...`` (a bare python3 on the GP
 ``ipc``       the ``ipc`` command: one worker, the chunks-per-request curve, pinned copies
 ``tp``        the ``tp`` command: N rank processes on one GPU
 ``kernels``   the ``kernels`` command: ``cuda_ops`` against PyTorch references
+``vmm_ipc``   the ``vmm-files`` and ``vmm-ipc`` commands: vLLM 0.34's VMM KV memory through LMCache's IPC wrappers
 ``report``    the tables, the JSON reports and each command's verdict
 """
 

@@ -1,4 +1,5 @@
-"""The command line: `plan`, `ipc`, `tp`, `kernels` and `lmcache-server`, their options, and `main`."""
+"""The command line: `plan`, `ipc`, `tp`, `kernels`, `vmm-files`, `vmm-ipc` and `lmcache-server`, their options, and
+`main`."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from .plan import (
 from .report import emit, ipc_ok, ipc_table, kernels_ok, kernels_table, tp_ok, tp_table
 from .server import lmcache_server_main
 from .tp import run_tp
+from .vmm_ipc import extract_upstream, run_vmm_ipc, vmm_ipc_ok, vmm_ipc_table
 
 
 def add_ipc_options(p: argparse.ArgumentParser) -> None:
@@ -75,6 +77,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     k = sub.add_parser("kernels")
     k.add_argument("--reps", type=int, default=10)
     k.add_argument("--out", type=Path)
+    vf = sub.add_parser("vmm-files", help="extract vLLM 0.34's VMM files from its wheel, to carry (no CUDA)")
+    vf.add_argument("--wheel", type=Path, required=True, help="the vLLM wheel")
+    vf.add_argument("--to", type=Path, required=True, help="the folder to write the small vllm package into")
+    vi = sub.add_parser("vmm-ipc", help="share vLLM 0.34's ExtensibleTensor KV memory through LMCache's CUDA IPC")
+    vi.add_argument("--vllm-files", type=Path, required=True, help="the folder `vmm-files` wrote")
+    vi.add_argument("--out", type=Path)
     return parser.parse_args(list(argv))
 
 
@@ -118,6 +126,13 @@ def main(argv: Sequence[str]) -> int:
         if args.command == "plan":
             print("\n".join(plan_lines(settings_from(args), tp_settings_from(args))))
             return 0
+        if args.command == "vmm-files":
+            print("\n".join(str(p) for p in extract_upstream(args.wheel, args.to)))
+            return 0
+        if args.command == "vmm-ipc":
+            vmm_report = run_vmm_ipc(args.vllm_files)
+            emit(vmm_report, args.out, "vmm-ipc.json", vmm_ipc_table(vmm_report))
+            return 0 if vmm_ipc_ok(vmm_report) else 1
         if args.command == "kernels":
             report = run_kernels(args.reps)
             emit(report, args.out, "kernels.json", kernels_table(report))

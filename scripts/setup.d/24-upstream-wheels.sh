@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Download the released upstream wheels, without their dependencies, into .tools/upstream/: vllm 0.33.0 (~336 MB),
-# lmcache 0.5.6 and vllm-router 0.1.17. The log-fixture generator (tests/fixtures/generate_logs.py) only reads their
+# vllm 0.34.0 (the opt-in engine generation, vllm.generation), lmcache 0.5.6 and vllm-router 0.1.17. The log-fixture generator (tests/fixtures/generate_logs.py) only reads their
 # source; 25-upstream-parsers.sh installs the vllm wheel for the conformance tests. The wheels are kept in the cache of
 # lib/cache.sh (.tools/upstream links there; a wheel's file name carries its version): one already there is not
 # downloaded again.
@@ -14,7 +14,7 @@ mkdir -p "$dest" "$repo_root/.tools"
 rm -rf "$repo_root/.tools/upstream"
 ln -sfn "$dest" "$repo_root/.tools/upstream"
 
-for pin in vllm==0.33.0 lmcache==0.5.6 vllm-router==0.1.17; do
+for pin in vllm==0.33.0 vllm==0.34.0 lmcache==0.5.6 vllm-router==0.1.17; do
     name="${pin%%==*}"
     version="${pin##*==}"
     # Wheel file names spell the project with underscores (vllm_router-0.1.17-...whl).
@@ -27,4 +27,4 @@ for pin in vllm==0.33.0 lmcache==0.5.6 vllm-router==0.1.17; do
         exit 1
     fi
 done
-echo "24-upstream-wheels.sh: vllm 0.33.0, lmcache 0.5.6 and vllm-router 0.1.17 wheels in $dest"
+echo "24-upstream-wheels.sh: vllm 0.33.0 and 0.34.0, lmcache 0.5.6 and vllm-router 0.1.17 wheels in $dest"

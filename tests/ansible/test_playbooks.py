@@ -224,6 +224,31 @@ def test_the_lmcache_generation_is_the_serving_builds_source_and_its_tag(
     assert f"--tag=glm53/vllm-lmcache:{version}{tag_suffix} " in build, build
 
 
+def test_the_vllm_generation_is_the_serving_builds_vllm_version_and_its_tag(tmp_path: Path) -> None:
+    """The default 0.33.0 builds with VLLM_VERSION=0.33.0 under the default tag; the chart's vllm.generation names the
+    same tag (templates/_helpers.tpl, glm53.servingImageTag)."""
+    docker = fake_docker(tmp_path, DEBIAN_DOCKER_IO)
+    build = the_one_build(serving_build_vars(docker, tmp_path), tmp_path)
+    version = yaml.safe_load((REPO_ROOT / "charts" / "glm53" / "Chart.yaml").read_text())["appVersion"]
+    assert "--build-arg=VLLM_VERSION=0.33.0 " in build, build
+    assert f"--tag=glm53/vllm-lmcache:{version} " in build, build
+
+
+def test_a_vllm_034_serving_build_is_refused_in_one_sentence_before_building(tmp_path: Path) -> None:
+    docker = fake_docker(tmp_path, DEBIAN_DOCKER_IO)
+    messages = failure_messages(
+        "build-images.yml", serving_build_vars(docker, tmp_path, glm53_images_vllm_generation="0.34.0")
+    )
+    assert messages == [
+        "expected glm53_images_vllm_generation=0.33.0 for the serving image, found 0.34.0: "
+        "docker/vllm-lmcache/Dockerfile installs vLLM under the 0.33.0 joint set (constraints.txt) only, and vLLM "
+        "0.34.0 pins flashinfer-python==0.7.3, which this project's package index lacks (docs/operations.md, "
+        '"Upgrading the engine to vLLM 0.34"); build with glm53_images_vllm_generation=0.33.0 or leave serving out '
+        "of the image selection"
+    ]
+    assert not (tmp_path / "builds.log").exists()
+
+
 def test_an_unknown_lmcache_generation_is_refused_before_building(tmp_path: Path) -> None:
     """The role's argument spec lists the chart's generations (meta/argument_specs.yml, `choices`)."""
     docker = fake_docker(tmp_path, DEBIAN_DOCKER_IO)

