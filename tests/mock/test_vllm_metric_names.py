@@ -24,11 +24,11 @@ DECLARATION = re.compile(r"self\._(counter|gauge|histogram)_cls\(\s*name=\"(vllm
 SUFFIXES = {"counter": ("_total", "_created"), "gauge": ("",), "histogram": ("_bucket", "_count", "_sum", "_created")}
 
 
-def vllm_families() -> dict[str, str]:
-    """{family name: type} as vLLM 0.33.0's metrics logger declares them."""
-    wheels = sorted(WHEELS.glob("vllm-0.33.0-*.whl"))
+def vllm_families(version: str = "0.33.0") -> dict[str, str]:
+    """{family name: type} as vLLM `version`'s metrics logger declares them."""
+    wheels = sorted(WHEELS.glob(f"vllm-{version}-*.whl"))
     if not wheels:
-        pytest.fail(f"expected the vllm 0.33.0 wheel in {WHEELS}; run `bash scripts/setup.d/24-upstream-wheels.sh`")
+        pytest.fail(f"expected the vllm {version} wheel in {WHEELS}; run `bash scripts/setup.d/24-upstream-wheels.sh`")
     with zipfile.ZipFile(wheels[0]) as wheel:
         source = wheel.read("vllm/v1/metrics/loggers.py").decode()
     return {name: kind for kind, name in DECLARATION.findall(source)}
@@ -57,3 +57,24 @@ def test_every_sample_name_is_one_vllm_serves() -> None:
     samples = {s.name for family in text_string_to_metric_families(stand_in_exposition()) for s in family.samples}
     assert "vllm:prefix_cache_queries_created" in samples  # one API server: the default registry's `_created`
     assert samples <= served, sorted(samples - served)
+
+
+REPO = WHEELS.parents[1]
+# Where the toolkit reads vLLM's series: the chart's rules and dashboards, the exporter, `glm53 validate`.
+READERS = (REPO / "charts" / "glm53", REPO / "src" / "glm53" / "exporter", REPO / "src" / "glm53" / "validate")
+SERIES = re.compile(r"vllm:[a-z0-9_:]+")
+
+
+def series_the_toolkit_reads() -> set[str]:
+    """Every `vllm:` sample name in the readers' files."""
+    files = [path for reader in READERS for path in reader.rglob("*") if path.is_file()]
+    return {name for path in files for name in SERIES.findall(path.read_text(errors="replace"))}
+
+
+@pytest.mark.parametrize("version", ["0.33.0", "0.34.0"])
+def test_every_vllm_series_the_toolkit_reads_is_served_by_both_engine_generations(version: str) -> None:
+    """vllm.generation=0.34.0 keeps the exporter's ratios, the alerts and the dashboards fed."""
+    served = {name + suffix for name, kind in vllm_families(version).items() for suffix in SUFFIXES[kind]}
+    read = series_the_toolkit_reads()
+    assert {"vllm:prefix_cache_hits_total", "vllm:time_to_first_token_seconds_bucket"} <= read, "the pattern reads"
+    assert read <= served, f"vLLM {version} serves none of {sorted(read - served)}"
