@@ -65,9 +65,13 @@ READERS = (REPO / "charts" / "glm53", REPO / "src" / "glm53" / "exporter", REPO 
 SERIES = re.compile(r"vllm:[a-z0-9_:]+")
 
 
+# The readers' source files (not `__pycache__`, whose byte code holds the same names with marshal's type bytes).
+SOURCES = (".py", ".tpl", ".yaml", ".json", ".txt")
+
+
 def series_the_toolkit_reads() -> set[str]:
-    """Every `vllm:` sample name in the readers' files."""
-    files = [path for reader in READERS for path in reader.rglob("*") if path.is_file()]
+    """Every `vllm:` sample name in the readers' source files."""
+    files = [path for reader in READERS for path in reader.rglob("*") if path.suffix in SOURCES and path.is_file()]
     return {name for path in files for name in SERIES.findall(path.read_text(errors="replace"))}
 
 
