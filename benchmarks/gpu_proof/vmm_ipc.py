@@ -195,20 +195,25 @@ def vmm_ipc_ok(report: dict[str, Any]) -> bool:
 # ---------------------------------------------------------------------------------------------- GPU parts
 
 
+def _pattern(flat: Any) -> Any:
+    """The byte pattern for a flat uint8 tensor, which the importer can recompute: byte i = i % 251."""
+    import torch
+
+    return torch.arange(flat.numel(), device=flat.device, dtype=torch.int64).remainder(251).to(torch.uint8)
+
+
 def _fill(tensor: Any) -> None:
-    """A byte pattern the importer can recompute: byte i = i % 251."""
     import torch
 
     flat = tensor.view(torch.uint8).view(-1)
-    flat.copy_(torch.arange(flat.numel(), device=flat.device, dtype=torch.int64).remainder(251).to(torch.uint8))
+    flat.copy_(_pattern(flat))
 
 
 def _pattern_equal(tensor: Any) -> dict[str, Any]:
     import torch
 
     flat = tensor.contiguous().view(torch.uint8).view(-1)
-    expected = torch.arange(flat.numel(), device=flat.device, dtype=torch.int64).remainder(251).to(torch.uint8)
-    return {"equal": bool(torch.equal(flat, expected)), "bytes": flat.numel()}
+    return {"equal": bool(torch.equal(flat, _pattern(flat))), "bytes": flat.numel()}
 
 
 class _Driver:

@@ -44,5 +44,3 @@ for generation in "${generations[@]}"; do
     cached_venv upstream-parsers "$inputs" build_parsers_venv "$repo_root/.tools/upstream-parsers-venv-$generation"
     echo "25-upstream-parsers.sh: vLLM $generation's parser importable with $CACHED_VENV/bin/python"
 done
-# The link of the layout before engine generations (the 0.33.0 venv); kept no longer than this run's clone.
-rm -rf "$repo_root/.tools/upstream-parsers-venv"

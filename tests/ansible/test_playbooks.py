@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.chartkit import APP_VERSION
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ANSIBLE_DIR = REPO_ROOT / "ansible"
 ROLES = sorted(path.name for path in (ANSIBLE_DIR / "roles").iterdir() if path.is_dir())
@@ -219,9 +221,8 @@ def test_the_lmcache_generation_is_the_serving_builds_source_and_its_tag(
     chart's default image then names (charts/glm53/templates/_helpers.tpl, glm53.servingImageTag)."""
     docker = fake_docker(tmp_path, DEBIAN_DOCKER_IO)
     build = the_one_build(serving_build_vars(docker, tmp_path, glm53_images_lmcache_generation=generation), tmp_path)
-    version = yaml.safe_load((REPO_ROOT / "charts" / "glm53" / "Chart.yaml").read_text())["appVersion"]
     assert f"--build-arg=LMCACHE_SOURCE={generation} " in build, build
-    assert f"--tag=glm53/vllm-lmcache:{version}{tag_suffix} " in build, build
+    assert f"--tag=glm53/vllm-lmcache:{APP_VERSION}{tag_suffix} " in build, build
 
 
 def test_the_vllm_generation_is_the_serving_builds_vllm_version_and_its_tag(tmp_path: Path) -> None:
@@ -229,9 +230,8 @@ def test_the_vllm_generation_is_the_serving_builds_vllm_version_and_its_tag(tmp_
     same tag (templates/_helpers.tpl, glm53.servingImageTag)."""
     docker = fake_docker(tmp_path, DEBIAN_DOCKER_IO)
     build = the_one_build(serving_build_vars(docker, tmp_path), tmp_path)
-    version = yaml.safe_load((REPO_ROOT / "charts" / "glm53" / "Chart.yaml").read_text())["appVersion"]
     assert "--build-arg=VLLM_VERSION=0.33.0 " in build, build
-    assert f"--tag=glm53/vllm-lmcache:{version} " in build, build
+    assert f"--tag=glm53/vllm-lmcache:{APP_VERSION} " in build, build
 
 
 def test_a_vllm_034_serving_build_is_refused_in_one_sentence_before_building(tmp_path: Path) -> None:

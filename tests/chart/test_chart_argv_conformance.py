@@ -40,9 +40,8 @@ from tests.support.chartkit import (
 )
 
 PARSE = REPO_ROOT / "tests" / "support" / "upstream_parse.py"
-# vllm.generation: the default 0.33.0 and the opt-in 0.34.0, each parsed by its own release.
-VLLM_GENERATIONS = ("0.33.0", NEXT_VLLM)
-NEXT = NEXT_VLLM
+# vllm.generation's default; the opt-in NEXT_VLLM (0.34.0) is parsed by its own release.
+DEFAULT_VLLM = "0.33.0"
 # The project's .venv carries the real lmcache==0.5.6 (the `pod` extra): its parser imports there.
 LMCACHE_PYTHON = Path(sys.executable)
 # A negotiating sidecar (lmcache.generation=0.5.7rc2) is parsed by the negotiating release, lmcache 0.5.7rc2, from the
@@ -60,7 +59,7 @@ def vllm_python(generation: str) -> Path:
 
 
 def upstream_parse(
-    tool: str, argvs: Sequence[Any], overlay: Path | None = None, generation: str = VLLM_GENERATIONS[0]
+    tool: str, argvs: Sequence[Any], overlay: Path | None = None, generation: str = DEFAULT_VLLM
 ) -> list[dict[str, Any]]:
     """Parse every argv with the released parser of `tool` in one process (vLLM's import takes seconds); `overlay`
     first on PYTHONPATH shadows the environment's release of it; `generation` picks the vLLM release."""
@@ -232,12 +231,12 @@ def _value(values: Mapping[str, Any], path: str, default: Any) -> Any:
 def parsed_next() -> dict[str, dict[str, Any]]:
     """The 0.34.0 scenarios' engine argvs parsed by vLLM 0.34.0, and their engine containers' environments checked by
     its validate_environ; plus the environments the chart refuses for 0.34.0, which 0.34.0 must refuse too."""
-    objs = {name: render(at_vllm(scenario_values(name), NEXT)) for name in vllm_next_scenarios()}
+    objs = {name: render(at_vllm(scenario_values(name), NEXT_VLLM)) for name in vllm_next_scenarios()}
     argvs = {f"scenario:{name}": engine_argv(o) for name, o in objs.items()}
     envs = {f"env:{name}": container_environment(o) for name, o in objs.items()}
     envs |= {f"refused:{name}": {name: value} for name, value in NEXT_REFUSED_ENV.items()}
-    return dict(zip(argvs, upstream_parse("vllm", list(argvs.values()), generation=NEXT), strict=True)) | dict(
-        zip(envs, upstream_parse("vllm-environ", list(envs.values()), generation=NEXT), strict=True)
+    return dict(zip(argvs, upstream_parse("vllm", list(argvs.values()), generation=NEXT_VLLM), strict=True)) | dict(
+        zip(envs, upstream_parse("vllm-environ", list(envs.values()), generation=NEXT_VLLM), strict=True)
     )
 
 
@@ -258,7 +257,7 @@ def test_engine_argv_parses_with_vllm_and_means_what_the_chart_intends(name: str
 @pytest.mark.parametrize("name", vllm_next_scenarios())
 def test_at_vllm_034_the_engine_argv_parses_and_keeps_the_extensible_kv_cache_off(name: str) -> None:
     result = parsed_next()[f"scenario:{name}"]
-    assert_engine_means_what_the_chart_intends(result, scenario_values(name), name, NEXT)
+    assert_engine_means_what_the_chart_intends(result, scenario_values(name), name, NEXT_VLLM)
     # An explicit False stays off whatever the connector declares (vllm 0.34.0 config/vllm.py:3194-3252); the
     # default, None, would turn it on on CUDA for a connector configured with kv_connector_module_path.
     assert result["ok"]["engine"]["enable_extensible_kv_cache"] is False
@@ -267,7 +266,7 @@ def test_at_vllm_034_the_engine_argv_parses_and_keeps_the_extensible_kv_cache_of
 @pytest.mark.parametrize("name", vllm_next_scenarios())
 def test_at_vllm_034_the_engine_environment_passes_vllms_own_check(name: str) -> None:
     result = parsed_next()[f"env:{name}"]
-    assert "ok" in result, f"vLLM {NEXT} refuses the {name} engine environment: {result.get('error')}"
+    assert "ok" in result, f"vLLM {NEXT_VLLM} refuses the {name} engine environment: {result.get('error')}"
 
 
 def test_vllm_034_refuses_the_environment_the_chart_refuses_and_nothing_else_is_removed() -> None:
@@ -279,7 +278,7 @@ def test_vllm_034_refuses_the_environment_the_chart_refuses_and_nothing_else_is_
 
 
 def assert_engine_means_what_the_chart_intends(
-    result: dict[str, Any], values: Mapping[str, Any], name: str, generation: str = VLLM_GENERATIONS[0]
+    result: dict[str, Any], values: Mapping[str, Any], name: str, generation: str = DEFAULT_VLLM
 ) -> None:
     assert "ok" in result, f"vLLM {generation} rejects the {name} engine argv: {result.get('error')}"
     args, engine = result["ok"]["args"], result["ok"]["engine"]

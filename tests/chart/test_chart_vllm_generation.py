@@ -10,10 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.support.chartkit import (
-    CHART_DIR,
+    APP_VERSION,
     NEXT_VLLM,
     Obj,
     at_vllm,
@@ -24,7 +23,6 @@ from tests.support.chartkit import (
     vllm_next_scenarios,
 )
 
-APP_VERSION = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())["appVersion"]
 EXTENSIBLE_OFF = "--no-enable-extensible-kv-cache"
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import Distribution
 from pathlib import Path
 
-import grpc  # type: ignore[import-untyped]  # (grpcio ships no stubs; the project installs none)
+import grpc
 import pytest
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc

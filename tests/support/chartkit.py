@@ -68,6 +68,8 @@ def scenario_values(name: str) -> Obj:
     return dict(loaded or {})
 
 
+# The chart's appVersion: the serving image's default tag, and the tag the playbook builds.
+APP_VERSION: str = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())["appVersion"]
 # vllm.generation's opt-in release (the default is 0.33.0).
 NEXT_VLLM = "0.34.0"
 
